@@ -1,0 +1,35 @@
+# Locates the installed torch through the Python that will run it, without
+# torch's own CMake config (which drags in CUDA discovery).
+#
+# Defines the interface target opforge_torch_deps when torch is found.
+function(opforge_find_torch)
+  if(TARGET opforge_torch_deps)
+    return()
+  endif()
+  if(NOT Python_EXECUTABLE)
+    find_package(Python 3.9 COMPONENTS Interpreter REQUIRED)
+  endif()
+  execute_process(
+    COMMAND "${Python_EXECUTABLE}" -c
+      "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__)"
+    OUTPUT_VARIABLE _out RESULT_VARIABLE _rc OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  if(NOT _rc EQUAL 0)
+    message(FATAL_ERROR "opforge: torch is not importable from ${Python_EXECUTABLE}; install torch first")
+  endif()
+  string(REPLACE "\n" ";" _out "${_out}")
+  list(GET _out 0 _torch_dir)
+  list(GET _out 1 _abi)
+  list(GET _out 2 _version)
+  message(STATUS "opforge: building against torch ${_version} at ${_torch_dir}")
+  add_library(opforge_torch_deps INTERFACE)
+  target_include_directories(opforge_torch_deps SYSTEM INTERFACE
+    "${_torch_dir}/include"
+    "${_torch_dir}/include/torch/csrc/api/include")
+  target_compile_definitions(opforge_torch_deps INTERFACE _GLIBCXX_USE_CXX11_ABI=${_abi})
+  target_link_libraries(opforge_torch_deps INTERFACE
+    "${_torch_dir}/lib/libc10.so"
+    "${_torch_dir}/lib/libtorch_cpu.so"
+    "${_torch_dir}/lib/libtorch.so")
+  set(OPFORGE_TORCH_DIR "${_torch_dir}" PARENT_SCOPE)
+  set(OPFORGE_TORCH_DIR "${_torch_dir}" CACHE INTERNAL "")
+endfunction()

@@ -1,0 +1,68 @@
+// Lowering of an op spec to the flat schema torch registers, plus the mapping
+// tree both front ends use to flatten calls and rebuild structs.
+//
+//   original: my::attn(Tensor q, AttnCfg cfg, Literal["a", "b"] mode="a") -> Tensor
+//   lowered:  my::attn(Tensor q, float cfg__scale, bool cfg__causal, str mode="a") -> Tensor
+//   params:   [leaf q -> 0, struct cfg (AttnCfg) [leaf scale -> 1, leaf causal -> 2], leaf mode -> 3]
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "opforge/schema.h"
+#include "opforge/structs.h"
+
+namespace opforge {
+
+struct LowerOptions {
+  // Names of mutated parameters: an original parameter (a struct expands to
+  // its Tensor leaves), a leaf (`cfg__w`) or a field path (`cfg.w`).
+  std::vector<std::string> mutates_args;
+};
+
+// What a front end needs to know about one flat argument.
+struct LeafInfo {
+  std::string path;              // "cfg.inner.bias"; the parameter name at top level
+  std::vector<Value> allowed;    // Literal/Enum: the values accepted
+  std::string enum_name;         // kEnum leaves: the enum's registered name
+  std::string handle_type;       // Handle(T) leaves: T
+  bool is_presence = false;      // the `cfg__is_set` leaf of an Optional[Struct]
+  bool mutated = false;
+};
+
+struct MappingNode {
+  enum class Kind { kLeaf, kStruct };
+  Kind kind = Kind::kLeaf;
+  std::string name;         // parameter name, or field name below the top
+  int leaf_index = -1;      // kLeaf: index into the flat arguments (or returns)
+  std::string struct_name;  // kStruct
+  bool optional = false;    // kStruct from Optional[Struct]
+  int presence_index = -1;  // kStruct, optional: index of the presence leaf
+  std::vector<MappingNode> children;
+};
+
+struct LoweredOp {
+  FunctionSchema original;
+  FunctionSchema flat;
+  std::vector<LeafInfo> leaves;          // parallel to flat.arguments
+  std::vector<MappingNode> params;       // one per original argument
+  std::vector<MappingNode> returns;      // one per original return
+  std::vector<std::string> warnings;     // e.g. defaults torch cannot keep
+
+  bool is_identity() const;  // true when nothing needed expanding
+};
+
+// Lowers a spec. Errors name the op, the parameter/field and a fix.
+LoweredOp Lower(const FunctionSchema& spec, const LowerOptions& options,
+                const TypeRegistry& registry = TypeRegistry::Global());
+// Parses `spec_text` with extensions enabled, then lowers it.
+LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options,
+                    const TypeRegistry& registry = TypeRegistry::Global());
+
+// Throws unless `type` can be an op parameter (or a struct field) after
+// lowering. `op` and `where` only shape the error message.
+void CheckLowerable(const Type& type, const TypeRegistry& registry,
+                    const std::string& op, const std::string& where);
+
+}  // namespace opforge

@@ -1,0 +1,509 @@
+// Lowering: op spec -> flat torch schema + mapping tree (SPEC §2).
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <set>
+
+#include "opforge/error.h"
+#include "opforge/spec.h"
+
+namespace opforge {
+namespace {
+
+bool IsPlainLeafKind(TypeKind kind) {
+  switch (kind) {
+    case TypeKind::kTensor:
+    case TypeKind::kInt:
+    case TypeKind::kSymInt:
+    case TypeKind::kFloat:
+    case TypeKind::kBool:
+    case TypeKind::kSymBool:
+    case TypeKind::kStr:
+    case TypeKind::kComplex:
+    case TypeKind::kScalar:
+    case TypeKind::kScalarType:
+    case TypeKind::kLayout:
+    case TypeKind::kMemoryFormat:
+    case TypeKind::kDevice:
+    case TypeKind::kGenerator:
+    case TypeKind::kDimname:
+    case TypeKind::kStream:
+    case TypeKind::kClass:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsListElementKind(TypeKind kind) {
+  switch (kind) {
+    case TypeKind::kTensor:
+    case TypeKind::kInt:
+    case TypeKind::kSymInt:
+    case TypeKind::kFloat:
+    case TypeKind::kBool:
+    case TypeKind::kStr:
+    case TypeKind::kScalar:
+    case TypeKind::kDimname:
+    case TypeKind::kEnum:
+    case TypeKind::kLiteral:
+      return true;
+    default:
+      return false;
+  }
+}
+
+[[noreturn]] void Unsupported(const Type& type, const std::string& op, const std::string& where) {
+  const Type& t = type.unwrap_optional();
+  std::string fix;
+  switch (t.kind) {
+    case TypeKind::kTuple:
+      fix = "Use a list (e.g. int[] / list[int]) instead of a tuple.";
+      break;
+    case TypeKind::kDict:
+      fix = "Use a struct (a frozen dataclass) or separate parameters instead of a dict.";
+      break;
+    case TypeKind::kList:
+      fix = t.element().unwrap_optional().kind == TypeKind::kStruct
+                ? "Lists of structs are not supported; pass one list per field."
+                : "Lists may hold Tensor, Tensor?, int, float, bool, str, Scalar, or an enum.";
+      break;
+    case TypeKind::kAny:
+    case TypeKind::kVar:
+      fix = "Give the parameter a concrete type.";
+      break;
+    default:
+      fix = "Use a Tensor, a scalar (int, float, bool, str), a list of those, a struct, "
+            "an enum, a Literal or a Handle.";
+  }
+  throw Error(ErrorKind::kTypeError, op, where,
+              "type " + TypeStr(type) + " cannot be expressed in a torch schema.", fix);
+}
+
+// Makes a leaf type optional (for the fields of an Optional[Struct]).
+TypePtr MakeOptional(const TypePtr& type) {
+  return type->is_optional() ? type : Type::Optional(type);
+}
+
+// Installs the `Tensor(aN!)` annotation infer_schema would write.
+void MarkMutated(Argument& arg, int index) {
+  AliasInfo info;
+  info.before_sets = {"a" + std::to_string(index)};
+  info.after_sets = info.before_sets;
+  info.is_write = true;
+  if (arg.type->unwrap_optional().kind == TypeKind::kList) {
+    AliasInfo container;
+    container.is_write = true;
+    container.contained.push_back(std::move(info));
+    arg.alias_info = std::move(container);
+  } else {
+    arg.alias_info = std::move(info);
+  }
+}
+
+bool ValidOpName(const std::string& name) {
+  size_t sep = name.find("::");
+  if (sep == std::string::npos || sep == 0 || sep + 2 >= name.size()) return false;
+  return name.find("::", sep + 2) == std::string::npos;
+}
+
+class Lowerer {
+ public:
+  Lowerer(const FunctionSchema& spec, const LowerOptions& options, const TypeRegistry& registry)
+      : spec_(spec), options_(options), registry_(registry), op_(spec.qualified_name()) {}
+
+  LoweredOp Run() {
+    if (!ValidOpName(spec_.name)) {
+      throw Error(ErrorKind::kValueError, op_, "",
+                  "the op name must have the form 'namespace::name'.",
+                  "Add a namespace, e.g. 'mylib::" + spec_.name + "'.");
+    }
+    out_.original = spec_;
+    out_.flat.name = spec_.name;
+    out_.flat.overload = spec_.overload;
+    out_.flat.is_vararg = spec_.is_vararg;
+    out_.flat.is_varret = spec_.is_varret;
+    for (const auto& arg : spec_.arguments) {
+      std::optional<Value> def = arg.default_value;
+      out_.params.push_back(Expand(arg, arg.name, arg.name, arg.name, arg.type, def,
+                                   /*force_optional=*/false, "parameter '" + arg.name + "'"));
+    }
+    for (size_t i = 0; i < spec_.returns.size(); ++i) {
+      out_.returns.push_back(ExpandReturn(spec_.returns[i], spec_.returns[i].type));
+    }
+    CheckNames();
+    RestoreDefaultOrder();
+    ResolveMutations();
+    return std::move(out_);
+  }
+
+ private:
+  MappingNode Expand(const Argument& origin, const std::string& name, const std::string& flat_name,
+                     const std::string& path, const TypePtr& type,
+                     const std::optional<Value>& def, bool force_optional,
+                     const std::string& where) {
+    const Type& unopt = type->unwrap_optional();
+    if (unopt.kind == TypeKind::kStruct) return ExpandStruct(origin, name, flat_name, path, type,
+                                                             def, force_optional, where);
+    LeafInfo info;
+    info.path = path;
+    TypePtr leaf_type = type;
+    const Type& base = unopt.kind == TypeKind::kList ? unopt.element().unwrap_optional() : unopt;
+    if (base.kind == TypeKind::kEnum || base.kind == TypeKind::kLiteral) {
+      CheckLowerable(*type, registry_, op_, where);
+      TypeKind raw;
+      if (base.kind == TypeKind::kEnum) {
+        auto e = registry_.FindEnum(base.name);
+        info.allowed = e->values;
+        info.enum_name = e->name;
+        raw = e->value_kind();
+      } else {
+        info.allowed = base.literals;
+        raw = base.literals[0].kind == Value::Kind::kString ? TypeKind::kStr : TypeKind::kInt;
+      }
+      leaf_type = Type::Get(raw);
+      if (unopt.kind == TypeKind::kList) leaf_type = Type::List(leaf_type);
+      if (type->is_optional()) leaf_type = Type::Optional(leaf_type);
+      if (def && def->kind != Value::Kind::kNone) CheckAllowed(*def, info.allowed, where);
+    } else if (unopt.kind == TypeKind::kHandle) {
+      info.handle_type = unopt.name;
+      leaf_type = Type::Get(TypeKind::kInt);
+      if (type->is_optional()) leaf_type = Type::Optional(leaf_type);
+    } else {
+      CheckLowerable(*type, registry_, op_, where);
+    }
+    if (force_optional) leaf_type = MakeOptional(leaf_type);
+
+    Argument leaf;
+    leaf.name = flat_name;
+    leaf.type = leaf_type;
+    leaf.N = flat_name == origin.name ? origin.N : std::nullopt;
+    leaf.default_value = def;
+    leaf.kwarg_only = origin.kwarg_only;
+    if (flat_name == origin.name) leaf.alias_info = origin.alias_info;
+    if (leaf.default_value && leaf.default_value->kind == Value::Kind::kNone &&
+        !leaf_type->is_optional() && leaf_type->kind != TypeKind::kTensor &&
+        leaf_type->kind != TypeKind::kGenerator) {
+      throw Error(ErrorKind::kValueError, op_, where,
+                  "has default None but type " + TypeStr(*type) + " is not optional.",
+                  "Make the type optional or give a non-None default.");
+    }
+
+    MappingNode node;
+    node.kind = MappingNode::Kind::kLeaf;
+    node.name = name;
+    node.leaf_index = static_cast<int>(out_.flat.arguments.size());
+    out_.flat.arguments.push_back(std::move(leaf));
+    out_.leaves.push_back(std::move(info));
+    return node;
+  }
+
+  MappingNode ExpandStruct(const Argument& origin, const std::string& name,
+                           const std::string& flat_name, const std::string& path,
+                           const TypePtr& type, const std::optional<Value>& def,
+                           bool force_optional, const std::string& where) {
+    const Type& unopt = type->unwrap_optional();
+    auto st = registry_.FindStruct(unopt.name);
+    if (!st) {
+      throw Error(ErrorKind::kTypeError, op_, where, "unknown struct type '" + unopt.name + "'.",
+                  "Register the struct before defining the op.");
+    }
+    const bool optional = type->is_optional();
+    if (def && def->kind != Value::Kind::kNone && def->kind != Value::Kind::kStruct) {
+      throw Error(ErrorKind::kValueError, op_, where,
+                  "has a default that is not an instance of struct " + st->name + ".",
+                  "Use a " + st->name + " instance, or None for an optional struct.");
+    }
+    if (def && def->kind == Value::Kind::kNone && !optional && !force_optional) {
+      throw Error(ErrorKind::kValueError, op_, where,
+                  "has default None but struct " + st->name + " is not optional.",
+                  "Annotate it as Optional[" + st->name + "].");
+    }
+    MappingNode node;
+    node.kind = MappingNode::Kind::kStruct;
+    node.name = name;
+    node.struct_name = st->name;
+    node.optional = optional;
+    if (optional) {
+      Argument presence;
+      presence.name = flat_name + "__is_set";
+      presence.type = Type::Get(TypeKind::kBool);
+      presence.kwarg_only = origin.kwarg_only;
+      if (def) presence.default_value = Value::Bool(def->kind == Value::Kind::kStruct);
+      LeafInfo info;
+      info.path = path;
+      info.is_presence = true;
+      node.presence_index = static_cast<int>(out_.flat.arguments.size());
+      out_.flat.arguments.push_back(std::move(presence));
+      out_.leaves.push_back(std::move(info));
+    }
+    for (const auto& field : st->fields) {
+      std::optional<Value> field_def;
+      if (def && def->kind == Value::Kind::kNone) {
+        field_def = Value::None();
+      } else if (def) {
+        auto it = std::find(def->names.begin(), def->names.end(), field.name);
+        if (it != def->names.end()) {
+          field_def = def->items[static_cast<size_t>(it - def->names.begin())];
+        } else {
+          field_def = field.default_value;
+        }
+      }
+      node.children.push_back(Expand(origin, field.name, flat_name + "__" + field.name,
+                                     path + "." + field.name, field.type, field_def,
+                                     force_optional || optional,
+                                     where + ", field " + st->name + "." + field.name));
+    }
+    return node;
+  }
+
+  MappingNode ExpandReturn(const Argument& ret, const TypePtr& type) {
+    return ExpandReturnType(ret, ret.name, type, "return value");
+  }
+
+  MappingNode ExpandReturnType(const Argument& ret, const std::string& name, const TypePtr& type,
+                               const std::string& where) {
+    MappingNode node;
+    node.name = name;
+    if (type->kind == TypeKind::kStruct) {
+      auto st = registry_.FindStruct(type->name);
+      node.kind = MappingNode::Kind::kStruct;
+      node.struct_name = st->name;
+      for (const auto& field : st->fields) {
+        Argument leaf;
+        leaf.type = field.type;
+        node.children.push_back(ExpandReturnType(leaf, field.name, field.type,
+                                                 where + ", field " + st->name + "." + field.name));
+      }
+      return node;
+    }
+    if (type->unwrap_optional().kind == TypeKind::kStruct) {
+      throw Error(ErrorKind::kTypeError, op_, where, "an optional struct cannot be returned.",
+                  "Return the struct, or its fields as a tuple.");
+    }
+    CheckReturnLeaf(*type, where);
+    node.leaf_index = static_cast<int>(out_.flat.returns.size());
+    out_.flat.returns.push_back(ret);
+    return node;
+  }
+
+  void CheckReturnLeaf(const Type& type, const std::string& where) {
+    const Type& t = type.unwrap_optional();
+    const Type& base = t.kind == TypeKind::kList ? t.element().unwrap_optional() : t;
+    if (base.kind == TypeKind::kStruct || base.kind == TypeKind::kEnum ||
+        base.kind == TypeKind::kLiteral || base.kind == TypeKind::kHandle) {
+      throw Error(ErrorKind::kTypeError, op_, where,
+                  "type " + TypeStr(type) + " cannot be returned from an op.",
+                  "Return tensors or plain scalars.");
+    }
+  }
+
+  void CheckAllowed(const Value& v, const std::vector<Value>& allowed, const std::string& where) {
+    if (v.kind == Value::Kind::kList) {
+      for (const auto& item : v.items) CheckAllowed(item, allowed, where);
+      return;
+    }
+    if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+      throw Error(ErrorKind::kValueError, op_, where,
+                  "default " + ValueToString(v) + " is not one of the allowed values.",
+                  "Use one of the declared values.");
+    }
+  }
+
+  void CheckNames() {
+    std::map<std::string, std::string> seen;  // flat name -> path
+    for (size_t i = 0; i < out_.flat.arguments.size(); ++i) {
+      const auto& name = out_.flat.arguments[i].name;
+      const auto& path = out_.leaves[i].path;
+      auto [it, inserted] = seen.emplace(name, path);
+      if (!inserted) {
+        throw Error(ErrorKind::kValueError, op_, "parameter '" + path.substr(0, path.find('.')) + "'",
+                    "its flat argument name '" + name + "' collides with the one from '" +
+                        it->second + "'.",
+                    "Rename the parameter or the field.");
+      }
+    }
+  }
+
+  // torch rejects a positional argument without a default after one with a
+  // default. That happens when a default could not be carried to a leaf;
+  // earlier positional defaults are dropped then (the front ends still apply
+  // the original defaults).
+  void RestoreDefaultOrder() {
+    int last_required = -1;
+    auto& args = out_.flat.arguments;
+    for (int i = 0; i < static_cast<int>(args.size()); ++i) {
+      if (!args[static_cast<size_t>(i)].kwarg_only && !args[static_cast<size_t>(i)].default_value) {
+        last_required = i;
+      }
+    }
+    for (int i = 0; i < last_required; ++i) {
+      auto& arg = args[static_cast<size_t>(i)];
+      if (!arg.kwarg_only && arg.default_value) {
+        out_.warnings.push_back("the default of '" + arg.name +
+                                "' is not in the flat schema because a later positional "
+                                "argument has none");
+        arg.default_value.reset();
+      }
+    }
+  }
+
+  const MappingNode* FindPath(const std::string& name) const {
+    // "cfg", "cfg.inner.w" or a flat leaf name "cfg__inner__w".
+    std::vector<std::string> parts;
+    std::string rest = name;
+    const std::string sep = name.find('.') != std::string::npos ? "." : "__";
+    size_t pos;
+    while ((pos = rest.find(sep)) != std::string::npos) {
+      parts.push_back(rest.substr(0, pos));
+      rest = rest.substr(pos + sep.size());
+    }
+    parts.push_back(rest);
+    const std::vector<MappingNode>* level = &out_.params;
+    const MappingNode* found = nullptr;
+    for (const auto& part : parts) {
+      found = nullptr;
+      for (const auto& node : *level) {
+        if (node.name == part) found = &node;
+      }
+      if (!found) return nullptr;
+      level = &found->children;
+    }
+    return found;
+  }
+
+  void CollectTensorLeaves(const MappingNode& node, std::vector<int>& out) const {
+    if (node.kind == MappingNode::Kind::kLeaf) {
+      if (IsTensorLike(*out_.flat.arguments[static_cast<size_t>(node.leaf_index)].type)) {
+        out.push_back(node.leaf_index);
+      }
+      return;
+    }
+    for (const auto& child : node.children) CollectTensorLeaves(child, out);
+  }
+
+  void ResolveMutations() {
+    std::set<int> mutated;
+    for (const auto& name : options_.mutates_args) {
+      // A parameter, then a flat leaf name, then a path (cfg.w or cfg__w).
+      const MappingNode* node = nullptr;
+      for (const auto& p : out_.params) {
+        if (p.name == name) node = &p;
+      }
+      MappingNode leaf_node;
+      for (size_t i = 0; !node && i < out_.flat.arguments.size(); ++i) {
+        if (out_.flat.arguments[i].name == name && !out_.leaves[i].is_presence) {
+          leaf_node.leaf_index = static_cast<int>(i);
+          node = &leaf_node;
+        }
+      }
+      if (!node) node = FindPath(name);
+      if (!node) {
+        std::string names;
+        for (const auto& p : out_.params) names += (names.empty() ? "" : ", ") + p.name;
+        throw Error(ErrorKind::kValueError, op_, "mutates_args",
+                    "'" + name + "' is not a parameter or a struct field of the op.",
+                    "Name a parameter (" + names + "), a leaf (cfg__w) or a field path (cfg.w).");
+      }
+      std::vector<int> leaves;
+      CollectTensorLeaves(*node, leaves);
+      if (leaves.empty()) {
+        const std::string what =
+            node->kind == MappingNode::Kind::kStruct
+                ? "'" + name + "' is a struct with no Tensor fields, so nothing can be mutated."
+                : "'" + name + "' has type " +
+                      TypeStr(*out_.flat.arguments[static_cast<size_t>(node->leaf_index)].type) +
+                      "; only Tensor arguments can be mutated.";
+        throw Error(ErrorKind::kValueError, op_, "mutates_args", what,
+                    "Remove it from mutates_args.");
+      }
+      mutated.insert(leaves.begin(), leaves.end());
+    }
+    for (int index : mutated) {
+      MarkMutated(out_.flat.arguments[static_cast<size_t>(index)], index);
+      out_.leaves[static_cast<size_t>(index)].mutated = true;
+    }
+  }
+
+  const FunctionSchema& spec_;
+  const LowerOptions& options_;
+  const TypeRegistry& registry_;
+  std::string op_;
+  LoweredOp out_;
+};
+
+}  // namespace
+
+void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::string& op,
+                    const std::string& where) {
+  const Type& t = type.unwrap_optional();
+  if (t.kind == TypeKind::kOptional) Unsupported(type, op, where);
+  if (IsPlainLeafKind(t.kind)) return;
+  switch (t.kind) {
+    case TypeKind::kStruct:
+      if (!registry.FindStruct(t.name)) {
+        throw Error(ErrorKind::kTypeError, op, where, "unknown struct type '" + t.name + "'.",
+                    "Register the struct before using it.");
+      }
+      return;
+    case TypeKind::kEnum:
+      if (!registry.FindEnum(t.name)) {
+        throw Error(ErrorKind::kTypeError, op, where, "unknown enum type '" + t.name + "'.",
+                    "Register the enum before using it.");
+      }
+      return;
+    case TypeKind::kLiteral:
+    case TypeKind::kHandle:
+      return;
+    case TypeKind::kList: {
+      const Type& elem = t.element();
+      const Type& base = elem.unwrap_optional();
+      // Optional elements only for Tensor?[] and Scalar?[], as in torch.
+      bool ok = IsListElementKind(base.kind) &&
+                (!elem.is_optional() || base.kind == TypeKind::kTensor ||
+                 base.kind == TypeKind::kScalar);
+      if (ok && (base.kind == TypeKind::kEnum || base.kind == TypeKind::kLiteral)) {
+        CheckLowerable(base, registry, op, where);
+      }
+      if (!ok) Unsupported(type, op, where);
+      return;
+    }
+    default:
+      Unsupported(type, op, where);
+  }
+}
+
+bool LoweredOp::is_identity() const {
+  for (const auto& leaf : leaves) {
+    if (!leaf.allowed.empty() || !leaf.handle_type.empty() || leaf.is_presence) return false;
+  }
+  for (const auto& node : params) {
+    if (node.kind != MappingNode::Kind::kLeaf) return false;
+  }
+  for (const auto& node : returns) {
+    if (node.kind != MappingNode::Kind::kLeaf) return false;
+  }
+  return true;
+}
+
+LoweredOp Lower(const FunctionSchema& spec, const LowerOptions& options,
+                const TypeRegistry& registry) {
+  return Lowerer(spec, options, registry).Run();
+}
+
+LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options,
+                    const TypeRegistry& registry) {
+  ParseOptions parse;
+  parse.registry = &registry;
+  parse.allow_default_before_required = true;
+  FunctionSchema spec;
+  try {
+    spec = ParseSchema(spec_text, parse);
+  } catch (const ParseError& e) {
+    std::string name(spec_text.substr(0, spec_text.find('(')));
+    throw Error(ErrorKind::kValueError, name, "", std::string(e.what()));
+  }
+  return Lower(spec, options, registry);
+}
+
+}  // namespace opforge

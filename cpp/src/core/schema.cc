@@ -1,0 +1,452 @@
+// The schema model and its printer. Printing mirrors torch's
+// `operator<<(std::ostream&, const FunctionSchema&)` and IValue printing, so
+// `ToString(ParseSchema(s)) == str(torch._C.parse_schema(s))`.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <set>
+#include <sstream>
+
+#include "opforge/error.h"
+#include "opforge/schema.h"
+
+namespace opforge {
+
+Value Value::Bool(bool v) {
+  Value out;
+  out.kind = Kind::kBool;
+  out.b = v;
+  return out;
+}
+Value Value::Int(int64_t v) {
+  Value out;
+  out.kind = Kind::kInt;
+  out.i = v;
+  return out;
+}
+Value Value::Double(double v) {
+  Value out;
+  out.kind = Kind::kDouble;
+  out.d = v;
+  return out;
+}
+Value Value::Complex(double re, double im) {
+  Value out;
+  out.kind = Kind::kComplex;
+  out.d = re;
+  out.imag = im;
+  return out;
+}
+Value Value::String(std::string v) {
+  Value out;
+  out.kind = Kind::kString;
+  out.s = std::move(v);
+  return out;
+}
+Value Value::Device(std::string v) {
+  Value out;
+  out.kind = Kind::kDevice;
+  out.s = std::move(v);
+  return out;
+}
+Value Value::List(std::vector<Value> v) {
+  Value out;
+  out.kind = Kind::kList;
+  out.items = std::move(v);
+  return out;
+}
+Value Value::Struct(std::vector<std::string> names, std::vector<Value> v) {
+  Value out;
+  out.kind = Kind::kStruct;
+  out.names = std::move(names);
+  out.items = std::move(v);
+  return out;
+}
+
+bool Value::operator==(const Value& o) const {
+  if (kind != o.kind) return false;
+  switch (kind) {
+    case Kind::kNone:
+      return true;
+    case Kind::kBool:
+      return b == o.b;
+    case Kind::kInt:
+      return i == o.i;
+    case Kind::kDouble:
+      // Bitwise, so -0.0 != 0.0 and a NaN default equals itself.
+      return std::memcmp(&d, &o.d, sizeof(d)) == 0;
+    case Kind::kComplex:
+      return std::memcmp(&d, &o.d, sizeof(d)) == 0 &&
+             std::memcmp(&imag, &o.imag, sizeof(imag)) == 0;
+    case Kind::kString:
+    case Kind::kDevice:
+      return s == o.s;
+    case Kind::kList:
+      return items == o.items;
+    case Kind::kStruct:
+      return names == o.names && items == o.items;
+  }
+  return false;
+}
+
+TypePtr Type::Get(TypeKind kind) {
+  // One shared instance per leaf kind; composites are built per use.
+  static const auto* cache = [] {
+    auto* table = new std::vector<TypePtr>();
+    for (int k = 0; k <= static_cast<int>(TypeKind::kHandle); ++k) {
+      table->push_back(std::make_shared<Type>(Type{static_cast<TypeKind>(k), {}, {}, {}}));
+    }
+    return table;
+  }();
+  return (*cache)[static_cast<size_t>(kind)];
+}
+
+TypePtr Type::Named(TypeKind kind, std::string name) {
+  return std::make_shared<Type>(Type{kind, std::move(name), {}, {}});
+}
+
+TypePtr Type::List(TypePtr element) {
+  return std::make_shared<Type>(Type{TypeKind::kList, {}, {std::move(element)}, {}});
+}
+
+TypePtr Type::Optional(TypePtr element) {
+  return std::make_shared<Type>(Type{TypeKind::kOptional, {}, {std::move(element)}, {}});
+}
+
+TypePtr Type::Composite(TypeKind kind, std::vector<TypePtr> elements) {
+  return std::make_shared<Type>(Type{kind, {}, std::move(elements), {}});
+}
+
+TypePtr Type::Literal(std::vector<Value> values) {
+  return std::make_shared<Type>(Type{TypeKind::kLiteral, {}, {}, std::move(values)});
+}
+
+bool operator==(const Type& a, const Type& b) {
+  if (a.kind != b.kind || a.name != b.name || a.literals != b.literals ||
+      a.elements.size() != b.elements.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.elements.size(); ++i) {
+    if (!(*a.elements[i] == *b.elements[i])) return false;
+  }
+  return true;
+}
+
+namespace {
+
+const char* LeafName(TypeKind kind, bool annotation) {
+  switch (kind) {
+    case TypeKind::kTensor: return "Tensor";
+    case TypeKind::kInt: return "int";
+    case TypeKind::kSymInt: return annotation ? "int" : "SymInt";
+    case TypeKind::kFloat: return "float";
+    case TypeKind::kBool: return "bool";
+    case TypeKind::kSymBool: return annotation ? "bool" : "SymBool";
+    case TypeKind::kStr: return "str";
+    case TypeKind::kComplex: return "complex";
+    case TypeKind::kScalar: return annotation ? "number" : "Scalar";
+    case TypeKind::kScalarType: return "ScalarType";
+    case TypeKind::kLayout: return "Layout";
+    case TypeKind::kMemoryFormat: return "MemoryFormat";
+    case TypeKind::kDevice: return "Device";
+    case TypeKind::kGenerator: return "Generator";
+    case TypeKind::kDimname: return "Dimname";
+    case TypeKind::kStorage: return "Storage";
+    case TypeKind::kStream: return "Stream";
+    case TypeKind::kQScheme: return "QScheme";
+    case TypeKind::kQuantizer: return "Quantizer";
+    case TypeKind::kCapsule: return "Capsule";
+    case TypeKind::kAny: return "Any";
+    case TypeKind::kAnyClass: return "AnyClassType";
+    case TypeKind::kAnyEnum: return "AnyEnumType";
+    case TypeKind::kNone: return "NoneType";
+    default: return nullptr;
+  }
+}
+
+std::string JoinTypes(const std::vector<TypePtr>& types, bool annotation) {
+  std::string out;
+  for (size_t i = 0; i < types.size(); ++i) {
+    if (i) out += ", ";
+    out += annotation ? AnnotationStr(*types[i]) : TypeStr(*types[i]);
+  }
+  return out;
+}
+
+// c10::printQuotedString, including its handling of bytes >= 0x80.
+void PrintQuoted(std::ostream& out, const std::string& text) {
+  out << '"';
+  for (char c : text) {
+    switch (c) {
+      case '\\': out << "\\\\"; break;
+      case '\'': out << "\\'"; break;
+      case '"': out << "\\\""; break;
+      case '\a': out << "\\a"; break;
+      case '\b': out << "\\b"; break;
+      case '\f': out << "\\f"; break;
+      case '\n': out << "\\n"; break;
+      case '\r': out << "\\r"; break;
+      case '\t': out << "\\t"; break;
+      case '\v': out << "\\v"; break;
+      default:
+        if (c > 0x1f && c < 0x7f) {
+          out << c;
+        } else {
+          // Same arithmetic as torch on a signed char, so non-ASCII bytes
+          // print the way torch prints them.
+          char buf[4] = "000";
+          signed char s = static_cast<signed char>(c);
+          buf[2] = static_cast<char>(buf[2] + s % 8);
+          s = static_cast<signed char>(s / 8);
+          buf[1] = static_cast<char>(buf[1] + s % 8);
+          s = static_cast<signed char>(s / 8);
+          buf[0] = static_cast<char>(buf[0] + s);
+          out << '\\' << buf;
+        }
+    }
+  }
+  out << '"';
+}
+
+void PrintDouble(std::ostream& out, double d) {
+  // torch's operator<<(ostream, IValue): integral doubles print as "3.".
+  // The range check stands in for the x86 conversion torch relies on, which
+  // maps out-of-range values to INT64_MIN.
+  int c = std::fpclassify(d);
+  if ((c == FP_NORMAL || c == FP_ZERO) && d >= -9223372036854775808.0 &&
+      d < 9223372036854775808.0) {
+    auto i = static_cast<int64_t>(d);
+    if (static_cast<double>(i) == d) {
+      out << i << ".";
+      return;
+    }
+  }
+  auto precision = out.precision();
+  out << std::setprecision(std::numeric_limits<double>::max_digits10) << d
+      << std::setprecision(static_cast<int>(precision));
+}
+
+void PrintValue(std::ostream& out, const Value& v, bool quote_strings) {
+  switch (v.kind) {
+    case Value::Kind::kNone: out << "None"; break;
+    case Value::Kind::kBool: out << (v.b ? "True" : "False"); break;
+    case Value::Kind::kInt: out << v.i; break;
+    case Value::Kind::kDouble: PrintDouble(out, v.d); break;
+    case Value::Kind::kComplex:
+      PrintDouble(out, v.d);
+      out << (v.imag >= 0 ? "+" : "-");
+      PrintDouble(out, std::abs(v.imag));
+      out << "j";
+      break;
+    case Value::Kind::kString:
+      if (quote_strings) {
+        PrintQuoted(out, v.s);
+      } else {
+        out << v.s;
+      }
+      break;
+    case Value::Kind::kDevice: out << v.s; break;
+    case Value::Kind::kList:
+      out << "[";
+      for (size_t i = 0; i < v.items.size(); ++i) {
+        if (i) out << ", ";
+        PrintValue(out, v.items[i], quote_strings);
+      }
+      out << "]";
+      break;
+    case Value::Kind::kStruct:
+      out << "{";
+      for (size_t i = 0; i < v.items.size(); ++i) {
+        if (i) out << ", ";
+        out << v.names[i] << "=";
+        PrintValue(out, v.items[i], /*quote_strings=*/true);
+      }
+      out << "}";
+      break;
+  }
+}
+
+std::set<std::string> Sorted(const std::vector<std::string>& sets) {
+  return {sets.begin(), sets.end()};
+}
+
+// torch keeps alias sets in an unordered_set, which iterates the sets it holds
+// in the reverse of the order they were added.
+void PrintSets(std::ostream& out, const std::vector<std::string>& sets) {
+  for (size_t i = sets.size(); i-- > 0;) {
+    out << sets[i];
+    if (i) out << "|";
+  }
+}
+
+}  // namespace
+
+std::string TypeStr(const Type& type) {
+  if (const char* leaf = LeafName(type.kind, false)) return leaf;
+  switch (type.kind) {
+    case TypeKind::kVar:
+    case TypeKind::kClass:
+    case TypeKind::kStruct:
+    case TypeKind::kEnum:
+      return type.name;
+    case TypeKind::kHandle:
+      return "Handle(" + type.name + ")";
+    case TypeKind::kLiteral: {
+      std::ostringstream out;
+      out << "Literal[";
+      for (size_t i = 0; i < type.literals.size(); ++i) {
+        if (i) out << ", ";
+        PrintValue(out, type.literals[i], /*quote_strings=*/true);
+      }
+      out << "]";
+      return out.str();
+    }
+    case TypeKind::kList: return TypeStr(type.element()) + "[]";
+    case TypeKind::kOptional: return TypeStr(type.element()) + "?";
+    case TypeKind::kTuple: return "(" + JoinTypes(type.elements, false) + ")";
+    case TypeKind::kDict: return "Dict(" + JoinTypes(type.elements, false) + ")";
+    case TypeKind::kFuture: return "Future(" + JoinTypes(type.elements, false) + ")";
+    case TypeKind::kRRef: return "RRef(" + JoinTypes(type.elements, false) + ")";
+    case TypeKind::kAwait: return "Await(" + JoinTypes(type.elements, false) + ")";
+    case TypeKind::kUnion: return "Union(" + JoinTypes(type.elements, false) + ")";
+    default: return "?";
+  }
+}
+
+std::string AnnotationStr(const Type& type) {
+  if (const char* leaf = LeafName(type.kind, true)) return leaf;
+  switch (type.kind) {
+    case TypeKind::kList: return "List[" + AnnotationStr(type.element()) + "]";
+    case TypeKind::kOptional: return "Optional[" + AnnotationStr(type.element()) + "]";
+    case TypeKind::kTuple: return "Tuple[" + JoinTypes(type.elements, true) + "]";
+    case TypeKind::kDict: return "Dict[" + JoinTypes(type.elements, true) + "]";
+    case TypeKind::kFuture: return "Future[" + JoinTypes(type.elements, true) + "]";
+    case TypeKind::kRRef: return "RRef[" + JoinTypes(type.elements, true) + "]";
+    case TypeKind::kAwait: return "Await[" + JoinTypes(type.elements, true) + "]";
+    case TypeKind::kUnion: return "Union[" + JoinTypes(type.elements, true) + "]";
+    default: return TypeStr(type);
+  }
+}
+
+bool IsTensorLike(const Type& type) {
+  const Type& t = type.unwrap_optional();
+  if (t.kind == TypeKind::kTensor) return true;
+  if (t.kind == TypeKind::kList) {
+    return t.element().unwrap_optional().kind == TypeKind::kTensor;
+  }
+  return false;
+}
+
+bool AliasInfo::operator==(const AliasInfo& o) const {
+  return Sorted(before_sets) == Sorted(o.before_sets) &&
+         Sorted(after_sets) == Sorted(o.after_sets) && is_write == o.is_write &&
+         contained == o.contained;
+}
+
+std::string ToString(const AliasInfo& alias_info) {
+  std::ostringstream out;
+  out << "(";
+  PrintSets(out, alias_info.before_sets);
+  if (alias_info.is_write) out << "!";
+  if (Sorted(alias_info.before_sets) != Sorted(alias_info.after_sets)) {
+    out << " -> ";
+    PrintSets(out, alias_info.after_sets);
+  }
+  out << ")";
+  return out.str();
+}
+
+std::string ValueToString(const Value& value) {
+  std::ostringstream out;
+  PrintValue(out, value, /*quote_strings=*/false);
+  return out.str();
+}
+
+std::string DefaultToString(const Value& value, const Type& type) {
+  std::ostringstream out;
+  const Type& unopt = type.unwrap_optional();
+  if (value.kind == Value::Kind::kString &&
+      (unopt.kind == TypeKind::kStr || unopt.kind == TypeKind::kLiteral ||
+       unopt.kind == TypeKind::kEnum)) {
+    PrintQuoted(out, value.s);
+  } else if (type.kind == TypeKind::kList && type.element().kind == TypeKind::kInt &&
+             value.kind == Value::Kind::kList && value.items.size() > 1) {
+    // torch writes `int[2] stride=1` rather than `int[2] stride=[1, 1]`.
+    bool same = true;
+    for (const auto& item : value.items) same = same && item == value.items[0];
+    PrintValue(out, same ? value.items[0] : value, false);
+  } else {
+    PrintValue(out, value, false);
+  }
+  return out.str();
+}
+
+std::string ToString(const Argument& arg) {
+  std::ostringstream out;
+  const Type& type = *arg.type;
+  bool is_opt = type.is_optional();
+  const Type& unopt = type.unwrap_optional();
+  if (unopt.kind == TypeKind::kList) {
+    out << TypeStr(unopt.element());
+    if (arg.alias_info && !arg.alias_info->contained.empty()) {
+      out << ToString(arg.alias_info->contained[0]);
+    }
+    out << "[";
+    if (arg.N) out << *arg.N;
+    out << "]";
+  } else {
+    out << TypeStr(unopt);
+  }
+  if (arg.alias_info && !arg.alias_info->before_sets.empty()) {
+    out << ToString(*arg.alias_info);
+  }
+  if (is_opt) out << "?";
+  if (!arg.name.empty()) out << " " << arg.name;
+  if (arg.default_value) out << "=" << DefaultToString(*arg.default_value, type);
+  return out.str();
+}
+
+std::string ToString(const FunctionSchema& schema) {
+  std::ostringstream out;
+  out << schema.qualified_name() << "(";
+  bool seen_kwarg_only = false;
+  for (size_t i = 0; i < schema.arguments.size(); ++i) {
+    if (i > 0) out << ", ";
+    if (schema.arguments[i].kwarg_only && !seen_kwarg_only) {
+      out << "*, ";
+      seen_kwarg_only = true;
+    }
+    out << ToString(schema.arguments[i]);
+  }
+  if (schema.is_vararg) {
+    if (!schema.arguments.empty()) out << ", ";
+    out << "...";
+  }
+  out << ") -> ";
+  const auto& returns = schema.returns;
+  bool need_paren = !((returns.size() == 1 && !schema.is_varret) ||
+                      (returns.empty() && schema.is_varret));
+  std::vector<std::string> printed;
+  for (const auto& ret : returns) printed.push_back(ToString(ret));
+  // A single return that itself starts with '(' (a tuple type) needs
+  // parentheses, or it would read as the return list.
+  if (returns.size() == 1 && !schema.is_varret && !printed[0].empty() &&
+      printed[0].front() == '(') {
+    need_paren = true;
+  }
+  if (need_paren) out << "(";
+  for (size_t i = 0; i < printed.size(); ++i) {
+    if (i > 0) out << ", ";
+    out << printed[i];
+  }
+  if (schema.is_varret) {
+    if (!returns.empty()) out << ", ";
+    out << "...";
+  }
+  if (need_paren) out << ")";
+  return out.str();
+}
+
+}  // namespace opforge

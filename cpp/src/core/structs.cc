@@ -1,0 +1,239 @@
+#include "opforge/structs.h"
+
+#include <cctype>
+#include <set>
+
+#include "opforge/error.h"
+#include "opforge/spec.h"
+
+namespace opforge {
+
+const StructField* StructDef::Find(std::string_view field) const {
+  for (const auto& f : fields) {
+    if (f.name == field) return &f;
+  }
+  return nullptr;
+}
+
+TypeKind EnumDef::value_kind() const {
+  return !values.empty() && values[0].kind == Value::Kind::kInt ? TypeKind::kInt
+                                                                 : TypeKind::kStr;
+}
+
+TypeRegistry& TypeRegistry::Global() {
+  static auto* registry = new TypeRegistry();
+  return *registry;
+}
+
+namespace {
+
+bool IsIdentifier(const std::string& name) {
+  if (name.empty() || !(std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_')) {
+    return false;
+  }
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  }
+  return true;
+}
+
+bool IsTypeName(const std::string& name) {
+  // Dotted names (`mymod.Cfg`) are allowed; each part is an identifier.
+  size_t start = 0;
+  while (true) {
+    size_t dot = name.find('.', start);
+    if (!IsIdentifier(name.substr(start, dot - start))) return false;
+    if (dot == std::string::npos) return true;
+    start = dot + 1;
+  }
+}
+
+const char* kReserved[] = {"Tensor", "int", "float", "bool", "str", "Scalar",
+                           "SymInt", "Literal", "Handle", "Dict", "Future",
+                           "Union", "Any", "Device", "None", "NoneType"};
+
+void CheckTypeName(const std::string& name, const char* what) {
+  if (!IsTypeName(name)) {
+    throw Error(ErrorKind::kValueError, "", std::string(what) + " '" + name + "'",
+                "is not a valid type name.",
+                "Use an identifier, optionally dotted (mylib.AttnCfg).");
+  }
+  for (const char* reserved : kReserved) {
+    if (name == reserved) {
+      throw Error(ErrorKind::kValueError, "", std::string(what) + " '" + name + "'",
+                  "shadows a builtin schema type.", "Choose another name.");
+    }
+  }
+}
+
+}  // namespace
+
+bool SameLayout(const StructDef& a, const StructDef& b) {
+  if (a.fields.size() != b.fields.size()) return false;
+  for (size_t i = 0; i < a.fields.size(); ++i) {
+    const auto& x = a.fields[i];
+    const auto& y = b.fields[i];
+    if (x.name != y.name || !(*x.type == *y.type) || x.default_value != y.default_value) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string Describe(const StructDef& def) {
+  std::string out = def.name + "(";
+  for (size_t i = 0; i < def.fields.size(); ++i) {
+    if (i) out += ", ";
+    out += def.fields[i].name + ": " + TypeStr(*def.fields[i].type);
+    if (def.fields[i].default_value) {
+      out += " = " + DefaultToString(*def.fields[i].default_value, *def.fields[i].type);
+    }
+  }
+  return out + ")";
+}
+
+bool TypeRegistry::AddStruct(StructDef def) {
+  CheckTypeName(def.name, "struct");
+  std::set<std::string> seen;
+  for (const auto& field : def.fields) {
+    const std::string where = "field " + def.name + "." + field.name;
+    if (!IsIdentifier(field.name)) {
+      throw Error(ErrorKind::kValueError, "", where, "is not a valid field name.",
+                  "Use an identifier.");
+    }
+    if (field.name.find("__") != std::string::npos) {
+      throw Error(ErrorKind::kValueError, "", where,
+                  "contains '__', which opforge uses to join leaf names.",
+                  "Rename the field.");
+    }
+    if (!seen.insert(field.name).second) {
+      throw Error(ErrorKind::kValueError, "", where, "is declared twice.", "Remove one.");
+    }
+    if (field.type->unwrap_optional().kind == TypeKind::kStruct &&
+        field.type->unwrap_optional().name == def.name) {
+      throw Error(ErrorKind::kTypeError, "", where, "refers to its own struct.",
+                  "Structs cannot be recursive.");
+    }
+    CheckLowerable(*field.type, *this, "", where);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (enums_.count(def.name)) {
+    throw Error(ErrorKind::kValueError, "", "struct '" + def.name + "'",
+                "is already registered as an enum.", "Choose another name.");
+  }
+  auto it = structs_.find(def.name);
+  if (it != structs_.end()) {
+    if (SameLayout(*it->second, def)) return false;
+    throw Error(ErrorKind::kValueError, "", "struct '" + def.name + "'",
+                "is already registered with a different layout: " + Describe(*it->second) +
+                    " vs " + Describe(def) + ".",
+                "Give one of them another name.");
+  }
+  std::string name = def.name;
+  structs_.emplace(std::move(name), std::make_shared<const StructDef>(std::move(def)));
+  return true;
+}
+
+bool TypeRegistry::AddEnum(EnumDef def) {
+  CheckTypeName(def.name, "enum");
+  const std::string where = "enum '" + def.name + "'";
+  if (def.values.empty() || def.values.size() != def.members.size()) {
+    throw Error(ErrorKind::kValueError, "", where, "needs at least one member, each with a value.");
+  }
+  std::set<std::string> members;
+  for (size_t i = 0; i < def.values.size(); ++i) {
+    const auto& v = def.values[i];
+    if (v.kind != Value::Kind::kString && v.kind != Value::Kind::kInt) {
+      throw Error(ErrorKind::kTypeError, "", where,
+                  "member " + def.members[i] + " has a value that is neither str nor int.",
+                  "Use str or int values.");
+    }
+    if (v.kind != def.values[0].kind) {
+      throw Error(ErrorKind::kTypeError, "", where, "mixes str and int values.",
+                  "Use one value type for all members.");
+    }
+    if (!members.insert(def.members[i]).second) {
+      throw Error(ErrorKind::kValueError, "", where, "declares member " + def.members[i] + " twice.");
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (structs_.count(def.name)) {
+    throw Error(ErrorKind::kValueError, "", where, "is already registered as a struct.",
+                "Choose another name.");
+  }
+  auto it = enums_.find(def.name);
+  if (it != enums_.end()) {
+    if (it->second->members == def.members && it->second->values == def.values) return false;
+    throw Error(ErrorKind::kValueError, "", where,
+                "is already registered with different members.",
+                "Give one of them another name.");
+  }
+  std::string name = def.name;
+  enums_.emplace(std::move(name), std::make_shared<const EnumDef>(std::move(def)));
+  return true;
+}
+
+std::shared_ptr<const StructDef> TypeRegistry::FindStruct(std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = structs_.find(name);
+  return it == structs_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<const EnumDef> TypeRegistry::FindEnum(std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = enums_.find(name);
+  return it == enums_.end() ? nullptr : it->second;
+}
+
+bool TypeRegistry::Contains(std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return structs_.find(name) != structs_.end() || enums_.find(name) != enums_.end();
+}
+
+bool TypeRegistry::Remove(std::string_view name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto s = structs_.find(name);
+  if (s != structs_.end()) {
+    structs_.erase(s);
+    return true;
+  }
+  auto e = enums_.find(name);
+  if (e != enums_.end()) {
+    enums_.erase(e);
+    return true;
+  }
+  return false;
+}
+
+std::vector<std::string> TypeRegistry::Names() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& [name, _] : structs_) out.push_back(name);
+  for (const auto& [name, _] : enums_) out.push_back(name);
+  return out;
+}
+
+StructDef MakeStruct(std::string name, const std::vector<FieldText>& fields,
+                     const TypeRegistry& registry) {
+  StructDef def;
+  def.name = std::move(name);
+  ParseOptions options;
+  options.registry = &registry;
+  for (const auto& text : fields) {
+    StructField field;
+    field.name = text.name;
+    try {
+      field.type = ParseType(text.type, options);
+      if (text.default_value) {
+        field.default_value = ParseDefault(*text.default_value, *field.type, std::nullopt, options);
+      }
+    } catch (const Error& e) {
+      throw Error(ErrorKind::kTypeError, "", "field " + def.name + "." + text.name,
+                  "cannot be read: " + std::string(e.what()));
+    }
+    def.fields.push_back(std::move(field));
+  }
+  return def;
+}
+
+}  // namespace opforge

@@ -1,0 +1,293 @@
+// opforge._C: the core, as seen from Python.
+//
+//   >>> from opforge import _C
+//   >>> s = _C.parse_schema("aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor")
+//   >>> s.arguments[2].default_value
+//   1
+#include <pybind11/pybind11.h>
+#include <pybind11/complex.h>
+#include <pybind11/stl.h>
+
+#include <complex>
+
+#include "opforge/error.h"
+#include "opforge/schema.h"
+#include "opforge/spec.h"
+#include "opforge/structs.h"
+
+namespace py = pybind11;
+
+namespace opforge {
+namespace {
+
+const char* KindName(TypeKind kind) {
+  switch (kind) {
+    case TypeKind::kTensor: return "Tensor";
+    case TypeKind::kInt: return "int";
+    case TypeKind::kSymInt: return "SymInt";
+    case TypeKind::kFloat: return "float";
+    case TypeKind::kBool: return "bool";
+    case TypeKind::kSymBool: return "SymBool";
+    case TypeKind::kStr: return "str";
+    case TypeKind::kComplex: return "complex";
+    case TypeKind::kScalar: return "Scalar";
+    case TypeKind::kScalarType: return "ScalarType";
+    case TypeKind::kLayout: return "Layout";
+    case TypeKind::kMemoryFormat: return "MemoryFormat";
+    case TypeKind::kDevice: return "Device";
+    case TypeKind::kGenerator: return "Generator";
+    case TypeKind::kDimname: return "Dimname";
+    case TypeKind::kStorage: return "Storage";
+    case TypeKind::kStream: return "Stream";
+    case TypeKind::kQScheme: return "QScheme";
+    case TypeKind::kQuantizer: return "Quantizer";
+    case TypeKind::kCapsule: return "Capsule";
+    case TypeKind::kAny: return "Any";
+    case TypeKind::kAnyClass: return "AnyClassType";
+    case TypeKind::kAnyEnum: return "AnyEnumType";
+    case TypeKind::kNone: return "NoneType";
+    case TypeKind::kVar: return "Var";
+    case TypeKind::kClass: return "Class";
+    case TypeKind::kList: return "List";
+    case TypeKind::kOptional: return "Optional";
+    case TypeKind::kTuple: return "Tuple";
+    case TypeKind::kDict: return "Dict";
+    case TypeKind::kFuture: return "Future";
+    case TypeKind::kRRef: return "RRef";
+    case TypeKind::kAwait: return "Await";
+    case TypeKind::kUnion: return "Union";
+    case TypeKind::kStruct: return "Struct";
+    case TypeKind::kEnum: return "Enum";
+    case TypeKind::kLiteral: return "Literal";
+    case TypeKind::kHandle: return "Handle";
+  }
+  return "?";
+}
+
+py::object ToPython(const Value& v) {
+  switch (v.kind) {
+    case Value::Kind::kNone: return py::none();
+    case Value::Kind::kBool: return py::bool_(v.b);
+    case Value::Kind::kInt: return py::int_(v.i);
+    case Value::Kind::kDouble: return py::float_(v.d);
+    case Value::Kind::kComplex: return py::cast(std::complex<double>(v.d, v.imag));
+    case Value::Kind::kString:
+    case Value::Kind::kDevice: return py::str(v.s);
+    case Value::Kind::kList: {
+      py::list out;
+      for (const auto& item : v.items) out.append(ToPython(item));
+      return std::move(out);
+    }
+    case Value::Kind::kStruct: {
+      py::dict out;
+      for (size_t i = 0; i < v.items.size(); ++i) out[py::str(v.names[i])] = ToPython(v.items[i]);
+      return std::move(out);
+    }
+  }
+  return py::none();
+}
+
+py::list NodesToPython(const std::vector<MappingNode>& nodes);
+
+// A mapping node as a plain tuple, cheap to walk from Python:
+//   ("leaf", name, leaf_index)
+//   ("struct", name, struct_name, optional, presence_index, [children])
+py::tuple NodeToPython(const MappingNode& node) {
+  if (node.kind == MappingNode::Kind::kLeaf) {
+    return py::make_tuple("leaf", node.name, node.leaf_index);
+  }
+  return py::make_tuple("struct", node.name, node.struct_name, node.optional,
+                        node.presence_index, NodesToPython(node.children));
+}
+
+py::list NodesToPython(const std::vector<MappingNode>& nodes) {
+  py::list out;
+  for (const auto& node : nodes) out.append(NodeToPython(node));
+  return out;
+}
+
+void Translate(const Error& e) {
+  switch (e.kind()) {
+    case ErrorKind::kTypeError: PyErr_SetString(PyExc_TypeError, e.what()); return;
+    case ErrorKind::kLookupError: PyErr_SetString(PyExc_LookupError, e.what()); return;
+    case ErrorKind::kValueError:
+    case ErrorKind::kSyntaxError: PyErr_SetString(PyExc_ValueError, e.what()); return;
+  }
+}
+
+}  // namespace
+}  // namespace opforge
+
+PYBIND11_MODULE(_C, m) {
+  using namespace opforge;
+  m.doc() = "opforge core: schema parsing and printing, struct registry, lowering.";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      Translate(e);
+    }
+  });
+
+  py::class_<Type, std::shared_ptr<Type>>(m, "Type")
+      .def_property_readonly("kind", [](const Type& t) { return KindName(t.kind); })
+      .def_property_readonly("name", [](const Type& t) { return t.name; })
+      .def_property_readonly("elements",
+                             [](const Type& t) {
+                               std::vector<std::shared_ptr<Type>> out;
+                               for (const auto& e : t.elements) out.push_back(std::const_pointer_cast<Type>(e));
+                               return out;
+                             })
+      .def_property_readonly("literals",
+                             [](const Type& t) {
+                               py::list out;
+                               for (const auto& v : t.literals) out.append(ToPython(v));
+                               return out;
+                             })
+      .def_property_readonly("annotation_str", [](const Type& t) { return AnnotationStr(t); })
+      .def("__str__", [](const Type& t) { return TypeStr(t); })
+      .def("__repr__", [](const Type& t) { return "<opforge Type " + TypeStr(t) + ">"; });
+
+  py::class_<AliasInfo>(m, "AliasInfo")
+      .def_readonly("before_sets", &AliasInfo::before_sets)
+      .def_readonly("after_sets", &AliasInfo::after_sets)
+      .def_readonly("is_write", &AliasInfo::is_write)
+      .def_readonly("contained", &AliasInfo::contained)
+      .def("__str__", [](const AliasInfo& a) { return ToString(a); });
+
+  py::class_<Argument>(m, "Argument")
+      .def_readonly("name", &Argument::name)
+      .def_property_readonly("type", [](const Argument& a) { return std::const_pointer_cast<Type>(a.type); })
+      .def_readonly("N", &Argument::N)
+      .def_property_readonly("has_default", [](const Argument& a) { return a.default_value.has_value(); })
+      .def_property_readonly("default_value", [](const Argument& a) {
+        return a.default_value ? ToPython(*a.default_value) : py::none();
+      })
+      .def_property_readonly("default_str", [](const Argument& a) -> py::object {
+        if (!a.default_value) return py::none();
+        return py::str(DefaultToString(*a.default_value, *a.type));
+      })
+      .def_readonly("alias_info", &Argument::alias_info)
+      .def_readonly("kwarg_only", &Argument::kwarg_only)
+      .def("__str__", [](const Argument& a) { return ToString(a); });
+
+  py::class_<FunctionSchema>(m, "Schema")
+      .def_readonly("name", &FunctionSchema::name)
+      .def_readonly("overload", &FunctionSchema::overload)
+      .def_readonly("arguments", &FunctionSchema::arguments)
+      .def_readonly("returns", &FunctionSchema::returns)
+      .def_readonly("is_vararg", &FunctionSchema::is_vararg)
+      .def_readonly("is_varret", &FunctionSchema::is_varret)
+      .def("__str__", [](const FunctionSchema& s) { return ToString(s); })
+      .def("__repr__", [](const FunctionSchema& s) { return "<opforge Schema " + ToString(s) + ">"; });
+
+  py::class_<LeafInfo>(m, "LeafInfo")
+      .def_readonly("path", &LeafInfo::path)
+      .def_property_readonly("allowed", [](const LeafInfo& l) {
+        py::list out;
+        for (const auto& v : l.allowed) out.append(ToPython(v));
+        return out;
+      })
+      .def_readonly("enum_name", &LeafInfo::enum_name)
+      .def_readonly("handle_type", &LeafInfo::handle_type)
+      .def_readonly("is_presence", &LeafInfo::is_presence)
+      .def_readonly("mutated", &LeafInfo::mutated);
+
+  py::class_<LoweredOp>(m, "Lowered")
+      .def_readonly("original", &LoweredOp::original)
+      .def_readonly("flat", &LoweredOp::flat)
+      .def_property_readonly("schema", [](const LoweredOp& l) { return ToString(l.flat); })
+      .def_readonly("leaves", &LoweredOp::leaves)
+      .def_property_readonly("params", [](const LoweredOp& l) { return NodesToPython(l.params); })
+      .def_property_readonly("returns", [](const LoweredOp& l) { return NodesToPython(l.returns); })
+      .def_readonly("warnings", &LoweredOp::warnings)
+      .def_property_readonly("is_identity", &LoweredOp::is_identity);
+
+  m.def("parse_schema", [](const std::string& text) { return ParseSchema(text); },
+        py::arg("text"), "Parses a schema in torch's grammar.");
+  m.def("parse_spec",
+        [](const std::string& text) {
+          ParseOptions options;
+          options.registry = &TypeRegistry::Global();
+          options.allow_default_before_required = true;
+          return ParseSchema(text, options);
+        },
+        py::arg("text"), "Parses an op spec: torch's grammar plus registered structs/enums, Literal, Handle.");
+  m.def("print_schema", [](const std::string& text) { return ToString(ParseSchema(text)); },
+        py::arg("text"), "Parses and prints a schema: the same text torch's str(schema) gives.");
+  m.def("parse_type",
+        [](const std::string& text) {
+          ParseOptions options;
+          options.registry = &TypeRegistry::Global();
+          return std::const_pointer_cast<Type>(ParseType(text, options));
+        },
+        py::arg("text"));
+
+  m.def("register_struct",
+        [](const std::string& name,
+           const std::vector<std::tuple<std::string, std::string, std::optional<std::string>>>& fields) {
+          std::vector<FieldText> texts;
+          for (const auto& [field, type, def] : fields) texts.push_back({field, type, def});
+          auto& registry = TypeRegistry::Global();
+          return registry.AddStruct(MakeStruct(name, texts, registry));
+        },
+        py::arg("name"), py::arg("fields"),
+        "Registers a struct: fields are (name, type text, default text or None). "
+        "Returns False if an identical struct already exists.");
+  m.def("register_enum",
+        [](const std::string& name, const std::vector<std::string>& members, const py::list& values) {
+          EnumDef def;
+          def.name = name;
+          def.members = members;
+          for (const auto& v : values) {
+            if (py::isinstance<py::bool_>(v)) {
+              throw Error(ErrorKind::kTypeError, "", "enum '" + name + "'",
+                          "has a bool value.", "Use str or int values.");
+            } else if (py::isinstance<py::int_>(v)) {
+              def.values.push_back(Value::Int(v.cast<int64_t>()));
+            } else if (py::isinstance<py::str>(v)) {
+              def.values.push_back(Value::String(v.cast<std::string>()));
+            } else {
+              throw Error(ErrorKind::kTypeError, "", "enum '" + name + "'",
+                          "has a value of type " + std::string(py::str(v.get_type().attr("__name__"))) +
+                              ".",
+                          "Use str or int values.");
+            }
+          }
+          return TypeRegistry::Global().AddEnum(std::move(def));
+        },
+        py::arg("name"), py::arg("members"), py::arg("values"));
+  m.def("remove_type", [](const std::string& name) { return TypeRegistry::Global().Remove(name); },
+        py::arg("name"));
+  m.def("has_type", [](const std::string& name) { return TypeRegistry::Global().Contains(name); },
+        py::arg("name"));
+  m.def("type_names", [] { return TypeRegistry::Global().Names(); });
+  m.def("describe_struct", [](const std::string& name) -> py::object {
+    auto def = TypeRegistry::Global().FindStruct(name);
+    if (!def) return py::none();
+    py::list fields;
+    for (const auto& f : def->fields) {
+      fields.append(py::make_tuple(f.name, std::const_pointer_cast<Type>(f.type),
+                                   f.default_value ? ToPython(*f.default_value) : py::none(),
+                                   f.default_value.has_value()));
+    }
+    return std::move(fields);
+  });
+  m.def("describe_enum", [](const std::string& name) -> py::object {
+    auto def = TypeRegistry::Global().FindEnum(name);
+    if (!def) return py::none();
+    py::list values;
+    for (const auto& v : def->values) values.append(ToPython(v));
+    return py::make_tuple(def->members, values);
+  });
+
+  m.def("lower",
+        [](const std::string& spec, const std::vector<std::string>& mutates_args) {
+          LowerOptions options;
+          options.mutates_args = mutates_args;
+          return LowerText(spec, options);
+        },
+        py::arg("spec"), py::arg("mutates_args") = std::vector<std::string>{},
+        "Lowers an op spec to the flat schema and mapping tree.");
+}
