@@ -35,7 +35,7 @@ build: setup
 	$(PIP) install -q --no-build-isolation --no-deps -e .
 
 cpp-test: setup
-	cmake -S . -B $(CPP_BUILD) -G Ninja -DOPFORGE_BUILD_TESTS=ON -DOPFORGE_BUILD_PYTHON=OFF \
+	cmake -S . -B $(CPP_BUILD) -G Ninja -DOPFORGE_BUILD_TESTS=ON -DOPFORGE_BUILD_PYTHON=OFF -DOPFORGE_BUILD_TORCH=OFF \
 	  -DPython_EXECUTABLE=$(abspath $(PY)) -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
 	cmake --build $(CPP_BUILD)
 	ctest --test-dir $(CPP_BUILD) --output-on-failure
@@ -53,7 +53,7 @@ bench: build
 
 # The core's unit tests (fuzz test included) under ASan and UBSan.
 sanitize: setup
-	cmake -S . -B $(SAN_BUILD) -G Ninja -DOPFORGE_BUILD_TESTS=ON -DOPFORGE_BUILD_PYTHON=OFF \
+	cmake -S . -B $(SAN_BUILD) -G Ninja -DOPFORGE_BUILD_TESTS=ON -DOPFORGE_BUILD_PYTHON=OFF -DOPFORGE_BUILD_TORCH=OFF \
 	  -DOPFORGE_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug > /dev/null
 	cmake --build $(SAN_BUILD)
 	ctest --test-dir $(SAN_BUILD) --output-on-failure

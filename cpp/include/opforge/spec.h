@@ -60,6 +60,9 @@ LoweredOp Lower(const FunctionSchema& spec, const LowerOptions& options,
 LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options,
                     const TypeRegistry& registry = TypeRegistry::Global());
 
+// Throws unless `name` has the form "namespace::name".
+void CheckOpName(const std::string& name);
+
 // Throws unless `type` can be an op parameter (or a struct field) after
 // lowering. `op` and `where` only shape the error message.
 void CheckLowerable(const Type& type, const TypeRegistry& registry,

@@ -113,11 +113,7 @@ class Lowerer {
       : spec_(spec), options_(options), registry_(registry), op_(spec.qualified_name()) {}
 
   LoweredOp Run() {
-    if (!ValidOpName(spec_.name)) {
-      throw Error(ErrorKind::kValueError, op_, "",
-                  "the op name must have the form 'namespace::name'.",
-                  "Add a namespace, e.g. 'mylib::" + spec_.name + "'.");
-    }
+    CheckOpName(spec_.name);
     out_.original = spec_;
     out_.flat.name = spec_.name;
     out_.flat.overload = spec_.overload;
@@ -433,6 +429,23 @@ class Lowerer {
 };
 
 }  // namespace
+
+void CheckOpName(const std::string& name) {
+  if (!ValidOpName(name)) {
+    throw Error(ErrorKind::kValueError, name, "", "the op name must have the form 'namespace::name'.",
+                "Add a namespace, e.g. 'mylib::" + name.substr(name.rfind(':') + 1) + "'.");
+  }
+  const size_t sep = name.find("::");
+  for (const std::string part : {name.substr(0, sep), name.substr(sep + 2)}) {
+    bool ok = !part.empty() && (std::isalpha(static_cast<unsigned char>(part[0])) || part[0] == '_');
+    for (char c : part) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+    if (!ok) {
+      throw Error(ErrorKind::kValueError, name, "",
+                  "'" + part + "' is not a valid identifier for an op namespace or name.",
+                  "Use letters, digits and underscores.");
+    }
+  }
+}
 
 void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::string& op,
                     const std::string& where) {

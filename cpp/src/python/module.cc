@@ -10,6 +10,7 @@
 
 #include <complex>
 
+#include "opforge/autograd.h"
 #include "opforge/error.h"
 #include "opforge/schema.h"
 #include "opforge/spec.h"
@@ -18,6 +19,9 @@
 namespace py = pybind11;
 
 namespace opforge {
+
+void InitFastPath(py::module_& m);
+
 namespace {
 
 const char* KindName(TypeKind kind) {
@@ -250,7 +254,7 @@ PYBIND11_MODULE(_C, m) {
               def.values.push_back(Value::String(v.cast<std::string>()));
             } else {
               throw Error(ErrorKind::kTypeError, "", "enum '" + name + "'",
-                          "has a value of type " + std::string(py::str(v.get_type().attr("__name__"))) +
+                          "has a value of type " + std::string(py::str(py::type::of(v).attr("__name__"))) +
                               ".",
                           "Use str or int values.");
             }
@@ -281,6 +285,19 @@ PYBIND11_MODULE(_C, m) {
     for (const auto& v : def->values) values.append(ToPython(v));
     return py::make_tuple(def->members, values);
   });
+
+  InitFastPath(m);
+
+  py::class_<KernelRegistration>(m, "KernelRegistration");
+  m.def("register_no_backward_kernel",
+        [](const std::string& qualname, const std::string& message) {
+          return RegisterNoBackwardKernel(qualname, message);
+        },
+        py::arg("qualname"), py::arg("message"),
+        "Installs the Autograd kernel of an op without backward; it stays while the result lives.");
+
+  m.def("check_op_name", &CheckOpName, py::arg("name"),
+        "Raises ValueError unless name has the form 'namespace::name'.");
 
   m.def("lower",
         [](const std::string& spec, const std::vector<std::string>& mutates_args) {
