@@ -12,10 +12,25 @@
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from . import _C
+from . import _C, handles
 from ._op import OpDef, op, opcheck
+from ._types import HandleAnnotation as _HandleAnnotation
 
-__all__ = ["OpDef", "op", "opcheck"]
+__all__ = ["Handle", "OpDef", "handles", "op", "opcheck", "set_fast_path_enabled"]
+
+
+class _HandleFactory:
+    """`opforge.Handle[Runner]`: a parameter that takes a Runner object, passed
+    through the dispatcher as an int handle (see opforge.handles)."""
+
+    def __getitem__(self, target):
+        return _HandleAnnotation(target)
+
+    def __repr__(self):
+        return "opforge.Handle"
+
+
+Handle = _HandleFactory()
 __version__ = "0.1.0"
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from . import handles
 from ._types import ENUMS, STRUCTS, TypeInfo
 
 EMPTY = inspect.Parameter.empty
@@ -64,6 +65,7 @@ class OpCode:
     source: str
     call: Any
     make_kernel: Any  # fn (original signature) -> flat kernel
+    make_fake_kernel: Any  # the same, handles passed as ints
     flat_full: Any  # flat kernel signature -> tuple of every leaf
     rebuild_inputs: Any  # every leaf -> tuple of original arguments
     flatten_output: Any  # original output -> flat output
@@ -106,6 +108,7 @@ class Builder:
         self.return_types = return_types
         self.num_flat_returns = num_flat_returns
         self.ns: dict[str, Any] = {}
+        self.fake_mode = False
         self.w = _Writer()
         self._counter = 0
 
@@ -161,7 +164,9 @@ class Builder:
             if leaf.enum is not None:
                 value = self.emit_enum_value(expr, leaf, t, index, path)
             elif leaf.handle:
-                value = f"{self.const('H', _handle_id)}({expr}, {leaf.handle!r})"
+                cls = self.const("C", t.py)
+                value = (f"({self.const('traced_handle', handles.traced_handle)}({expr}) if _compiling() "
+                         f"else {self.const('handle_for', handles.handle_for)}({expr}, {cls}))")
                 if t.optional:
                     value = f"(None if {expr} is None else {value})"
             out[index] = value
@@ -235,9 +240,11 @@ class Builder:
                     inner = f"[{table}[_e] for _e in {e}]"
                     return f"(None if {e} is None else {inner})" if t.optional else inner
                 return f"(None if {e} is None else {table}[{e}])" if t.optional else f"{table}[{e}]"
-            if leaf.handle:
-                resolve = self.const("R", _handle_resolve)
-                return f"(None if {e} is None else {resolve}({e}, {leaf.handle!r}))" if t.optional else f"{resolve}({e}, {leaf.handle!r})"
+            if leaf.handle and not self.fake_mode:
+                # Fake kernels get the handle itself: they must not touch the runner.
+                resolve = self.const("resolve", handles.resolve)
+                cls = self.const("C", t.py)
+                return f"(None if {e} is None else {resolve}({e}, {cls}))" if t.optional else f"{resolve}({e}, {cls})"
             return e
         _, _name, _struct, optional, presence, children = node
         info = STRUCTS[t.py]
@@ -344,6 +351,19 @@ class Builder:
             w.line("return kernel")
         w.line()
 
+        # The same for fake kernels: handles stay ints.
+        self.fake_mode = True
+        w.line("def _make_fake_kernel(_fn):")
+        with w.block():
+            w.line(f"def fake_kernel({self.flat_signature()}):")
+            with w.block():
+                args = [self.rebuild_node(p.node, p.type, lambda i: self.leaves[i].name) for p in self.params]
+                w.line(f"_o = _fn({self.original_call_args(args)})")
+                w.line(f"return {self.flatten_output_expr('_o')}")
+            w.line("return fake_kernel")
+        w.line()
+        self.fake_mode = False
+
         w.line(f"def _flat_full({self.flat_signature()}):")
         with w.block():
             names = [leaf.name for leaf in self.leaves]
@@ -378,6 +398,7 @@ class Builder:
             source=source,
             call=ns[opname],
             make_kernel=ns["_make_kernel"],
+            make_fake_kernel=ns["_make_fake_kernel"],
             flat_full=ns["_flat_full"],
             rebuild_inputs=ns["_rebuild_inputs"],
             flatten_output=ns["_flatten_output"],
@@ -455,8 +476,8 @@ class Builder:
         for p in self.params:
             leaf = self.leaves[p.node[2]] if p.node[0] == "leaf" else None
             if leaf is not None and leaf.handle:
-                resolve = self.const("R", _handle_resolve)
-                value = f"{resolve}({self.const('H', _handle_id)}({p.name}, {leaf.handle!r}), {leaf.handle!r})"
+                check = self.const("check_handle", _check_handle)
+                value = f"{check}({p.name}, {self.const('C', p.type.py)})"
                 body_args.append(f"(None if {p.name} is None else {value})" if p.type.optional else value)
             else:
                 body_args.append(p.name)
@@ -558,16 +579,11 @@ def _make_bad_literal(op: str, where: str, allowed: tuple):
     return bad
 
 
-def _handle_id(obj, type_name):
-    from .handles import handle_for
-
-    return handle_for(obj, type_name)
-
-
-def _handle_resolve(handle, type_name):
-    from .handles import resolve
-
-    return resolve(handle, type_name)
+def _check_handle(obj, cls):
+    if not isinstance(obj, cls):
+        raise TypeError(f"expected a {cls.__qualname__} for a Handle[{cls.__qualname__}] parameter, "
+                        f"got {type(obj).__qualname__}.")
+    return obj
 
 
 def _make_flatten_grads(builder: Builder):

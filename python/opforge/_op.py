@@ -138,6 +138,13 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
     regs = Registrations()
     lib = None
     try:
+        body = fn
+        plan = _triton_plan(name, fn, triton, extra_triton_kernels)
+        if plan is not None:
+            body = plan.eager_body
+            if fake is None:
+                # As torch.library.triton_op: the traceable body is the fake.
+                fake = plan.traced_body
         params, ret_types, spec = _build_spec(name, fn, regs, _caller)
         lowered = _C.lower(spec, list(mutates_args))
         for warning in lowered.warnings:
@@ -150,7 +157,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
         lib.define(flat_schema[len(ns) + 2:], tags=(*tag_list, torch.Tag.pt2_compliant_tag))
         overload = getattr(getattr(torch.ops, ns), opname).default
 
-        state = _State(fn=fn, fake=fake, backward=backward, setup_context=setup_context,
+        state = _State(fn=body, fake=fake, backward=backward, setup_context=setup_context,
                        has_tensor_returns=len(lowered.flat.returns) > 0)
         leaves = _leaves(lowered, params)
         mutated_positions = [i for i, leaf in enumerate(leaves) if leaf.mutated]
@@ -159,8 +166,8 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
         tensor_positions = [i for i, leaf in enumerate(leaves) if leaf.type_text.startswith("Tensor")]
         kwnames = tuple(p.name for p in params if p.kw_only)
         fast = _C.FastPath(
-            default_kernel=fn if devices is None else None,
-            kernels={d: fn for d in devices} if devices is not None else {},
+            default_kernel=body if devices is None else None,
+            kernels={d: body for d in devices} if devices is not None else {},
             kwnames=kwnames,
             mutated=tuple(tensor_positions.index(i) for i in mutated_positions),
             has_backward=backward is not None and not mutated_positions,
@@ -177,11 +184,13 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
                               _device_kernels=bool(devices))
 
         if devices is None:
-            lib.impl(opname, code.make_kernel(fn), "CompositeExplicitAutograd")
+            lib.impl(opname, code.make_kernel(body), "CompositeExplicitAutograd")
         else:
             for d in devices:
-                lib.impl(opname, code.make_kernel(fn), _dispatch_key(name, d))
-        lib._register_fake(opname, code.make_kernel(_fake_dispatch(name, state)))
+                lib.impl(opname, code.make_kernel(body), _dispatch_key(name, d))
+        if plan is not None:
+            _install_triton_decomposition(opdef, plan)
+        lib._register_fake(opname, code.make_fake_kernel(_fake_dispatch(name, state)))
         if mutated_positions:
             _install_version_bump(opdef, leaves, mutated_positions)
         if backward is not None:
@@ -195,6 +204,37 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             lib._destroy()
         regs.rollback()
         raise
+
+
+def _triton_plan(name: str, fn: Callable, mode: str, extra_kernels):
+    """What the Triton scan found (SPEC §3.2), or None for an opaque op."""
+    if mode not in ("auto", "off", "force"):
+        raise ValueError(f"{name}: triton={mode!r} is not one of 'auto', 'off', 'force'.")
+    extra_kernels = tuple(extra_kernels)
+    if mode == "off":
+        return None
+    try:
+        from . import triton as _triton
+    except ImportError:
+        if mode == "force" or extra_kernels:
+            raise ValueError(f"{name}: triton={mode!r} needs the triton package, which is not importable.") from None
+        return None
+    return _triton.plan(name, fn, mode=mode, extra_kernels=extra_kernels)
+
+
+def _install_triton_decomposition(opdef: "OpDef", plan) -> None:
+    """Under FunctionalTensorMode (AOTAutograd), the op decomposes into its
+    traceable body, so Inductor sees the wrapped Triton kernels instead of an
+    opaque call; that is what torch.library.triton_op registers."""
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    traced_kernel = opdef._code.make_fake_kernel(plan.traced_body)
+
+    def functional_decomp(mode, func, types, args, kwargs):
+        with mode:
+            return traced_kernel(*args, **kwargs)
+
+    torch.library.register_torch_dispatch(opdef.overload, FunctionalTensorMode, functional_decomp, lib=opdef._lib)
 
 
 def _check_free(name: str) -> None:

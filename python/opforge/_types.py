@@ -190,9 +190,10 @@ class Resolver:
             text, kind = _SIMPLE[ann]
             return TypeInfo(text, kind)
         if isinstance(ann, HandleAnnotation):
-            target = ann.target
-            name = target if isinstance(target, str) else registered_name(target)
-            return TypeInfo(f"Handle({name})", "handle", py=target)
+            target = self.evaluate(ann.target, where, globalns)
+            if not isinstance(target, type):
+                fail(TypeError, self.op, where, f"Handle[{target!r}] needs a class.", "Write opforge.Handle[RunnerClass].")
+            return TypeInfo(f"Handle({registered_name(target)})", "handle", py=target)
         origin = typing.get_origin(ann)
         if origin is Literal:
             return self._literal(ann, where)

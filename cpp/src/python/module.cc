@@ -12,6 +12,7 @@
 
 #include "opforge/autograd.h"
 #include "opforge/error.h"
+#include "opforge/handles.h"
 #include "opforge/schema.h"
 #include "opforge/spec.h"
 #include "opforge/structs.h"
@@ -295,6 +296,32 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("qualname"), py::arg("message"),
         "Installs the Autograd kernel of an op without backward; it stays while the result lives.");
+
+  // Python objects in the shared handle table: the payload is a PyObject
+  // (a weakref, or the object itself when pinned), typed "py:<name>".
+  m.def("handle_register",
+        [](py::object payload, const std::string& type) {
+          PyObject* raw = payload.release().ptr();
+          std::shared_ptr<void> holder(raw, [](void* p) {
+            py::gil_scoped_acquire gil;
+            Py_DECREF(static_cast<PyObject*>(p));
+          });
+          return HandleTable::Global().Register(std::move(holder), type);
+        },
+        py::arg("payload"), py::arg("type"));
+  m.def("handle_payload",
+        [](int64_t handle, const std::string& type) {
+          auto payload = HandleTable::Global().Resolve(handle, type);
+          if (HandleTable::Global().TypeOf(handle).rfind("py:", 0) != 0) {
+            throw Error(ErrorKind::kTypeError, "", "handle " + std::to_string(handle),
+                        "refers to a C++ object, which Python cannot use.");
+          }
+          return py::reinterpret_borrow<py::object>(static_cast<PyObject*>(payload.get()));
+        },
+        py::arg("handle"), py::arg("type") = "");
+  m.def("handle_type", [](int64_t handle) { return HandleTable::Global().TypeOf(handle); });
+  m.def("handle_release", [](int64_t handle) { return HandleTable::Global().Release(handle); });
+  m.def("handle_count", [] { return HandleTable::Global().size(); });
 
   m.def("check_op_name", &CheckOpName, py::arg("name"),
         "Raises ValueError unless name has the form 'namespace::name'.");
