@@ -11,7 +11,7 @@ CPP_BUILD ?= build/cpp
 SAN_BUILD ?= build/sanitize
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all setup gtest build demo test cpp-test py-test bench sanitize clean
+.PHONY: all setup gtest build demo test cpp-test py-test bench sanitize tsan clean
 
 all: test
 
@@ -57,6 +57,13 @@ sanitize: setup
 	  -DOPFORGE_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug > /dev/null
 	cmake --build $(SAN_BUILD)
 	ctest --test-dir $(SAN_BUILD) --output-on-failure
+
+# The handle table and struct registry tests under ThreadSanitizer.
+tsan: setup
+	cmake -S . -B build/tsan -G Ninja -DOPFORGE_BUILD_TESTS=ON -DOPFORGE_BUILD_PYTHON=OFF -DOPFORGE_BUILD_TORCH=OFF \
+	  -DOPFORGE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug > /dev/null
+	cmake --build build/tsan --target test_handles test_structs
+	ctest --test-dir build/tsan --output-on-failure -R "test_handles|test_structs"
 
 clean:
 	rm -rf build

@@ -12,11 +12,18 @@
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
+import os as _os
+
 from . import _C, handles
+from ._cpp_ops import ops, structs
 from ._op import OpDef, op, opcheck
 from ._types import HandleAnnotation as _HandleAnnotation
 
-__all__ = ["Handle", "OpDef", "handles", "op", "opcheck", "set_fast_path_enabled"]
+__all__ = ["Handle", "OpDef", "cmake_prefix_path", "handles", "op", "opcheck", "ops", "set_fast_path_enabled",
+           "structs"]
+
+# For C++ kernel libraries: cmake -DCMAKE_PREFIX_PATH=<this> ... then find_package(opforge).
+cmake_prefix_path = _os.path.dirname(_C.__file__)
 
 
 class _HandleFactory:

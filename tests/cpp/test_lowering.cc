@@ -170,6 +170,14 @@ TEST_F(LoweringTest, MutatingAStructMarksOnlyItsTensorLeaves) {
   EXPECT_FALSE(op.leaves[2].mutated);
 }
 
+TEST_F(LoweringTest, AWriteAnnotationOnAStructMutatesItsTensorLeaves) {
+  AddStruct("Bufs", {{"k", "Tensor"}, {"scale", "float"}});
+  EXPECT_EQ(Flat("mylib::f(Tensor x, Bufs(a!) bufs) -> ()"),
+            "mylib::f(Tensor x, Tensor(a1!) bufs__k, float bufs__scale) -> ()");
+  EXPECT_NE(ErrorOf("mylib::f(Tensor x, Bufs(a) bufs) -> ()").find("can only carry a write annotation"),
+            std::string::npos);
+}
+
 TEST_F(LoweringTest, MutatesArgsAcceptsLeafNamesAndFieldPaths) {
   AddStruct("Inner", {{"w", "Tensor"}, {"u", "Tensor"}});
   AddStruct("Bufs", {{"inner", "Inner"}, {"k", "Tensor"}});

@@ -60,6 +60,13 @@ LoweredOp Lower(const FunctionSchema& spec, const LowerOptions& options,
 LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options,
                     const TypeRegistry& registry = TypeRegistry::Global());
 
+// Resolves names (a parameter -- a struct expands to its Tensor leaves --, a
+// leaf `cfg__w`, or a field path `cfg.w`) to the indices of flat Tensor
+// leaves, sorted. Errors name `option` (e.g. "mutates_args"); `purpose`
+// completes "only Tensor arguments ..." (e.g. "can be mutated").
+std::vector<int> ResolveTensorLeafIndices(const LoweredOp& op, const std::vector<std::string>& names,
+                                          const std::string& option, const std::string& purpose);
+
 // Throws unless `name` has the form "namespace::name".
 void CheckOpName(const std::string& name);
 

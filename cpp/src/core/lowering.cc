@@ -344,78 +344,21 @@ class Lowerer {
     }
   }
 
-  const MappingNode* FindPath(const std::string& name) const {
-    // "cfg", "cfg.inner.w" or a flat leaf name "cfg__inner__w".
-    std::vector<std::string> parts;
-    std::string rest = name;
-    const std::string sep = name.find('.') != std::string::npos ? "." : "__";
-    size_t pos;
-    while ((pos = rest.find(sep)) != std::string::npos) {
-      parts.push_back(rest.substr(0, pos));
-      rest = rest.substr(pos + sep.size());
-    }
-    parts.push_back(rest);
-    const std::vector<MappingNode>* level = &out_.params;
-    const MappingNode* found = nullptr;
-    for (const auto& part : parts) {
-      found = nullptr;
-      for (const auto& node : *level) {
-        if (node.name == part) found = &node;
-      }
-      if (!found) return nullptr;
-      level = &found->children;
-    }
-    return found;
-  }
-
-  void CollectTensorLeaves(const MappingNode& node, std::vector<int>& out) const {
-    if (node.kind == MappingNode::Kind::kLeaf) {
-      if (IsTensorLike(*out_.flat.arguments[static_cast<size_t>(node.leaf_index)].type)) {
-        out.push_back(node.leaf_index);
-      }
-      return;
-    }
-    for (const auto& child : node.children) CollectTensorLeaves(child, out);
-  }
-
   void ResolveMutations() {
-    std::set<int> mutated;
-    for (const auto& name : options_.mutates_args) {
-      // A parameter, then a flat leaf name, then a path (cfg.w or cfg__w).
-      const MappingNode* node = nullptr;
-      for (const auto& p : out_.params) {
-        if (p.name == name) node = &p;
-      }
-      MappingNode leaf_node;
-      for (size_t i = 0; !node && i < out_.flat.arguments.size(); ++i) {
-        if (out_.flat.arguments[i].name == name && !out_.leaves[i].is_presence) {
-          leaf_node.leaf_index = static_cast<int>(i);
-          node = &leaf_node;
+    // A struct written as mutable in a spec (`Bufs(a!) bufs`, the C++ way of
+    // saying mutates_args) mutates its Tensor leaves.
+    std::vector<std::string> names = options_.mutates_args;
+    for (const auto& arg : spec_.arguments) {
+      if (arg.type->unwrap_optional().kind == TypeKind::kStruct && arg.alias_info) {
+        if (!arg.alias_info->is_write) {
+          throw Error(ErrorKind::kValueError, op_, "parameter '" + arg.name + "'",
+                      "a struct parameter can only carry a write annotation.",
+                      "Write " + arg.type->unwrap_optional().name + "(a!) to mutate its Tensor fields.");
         }
+        names.push_back(arg.name);
       }
-      if (!node) node = FindPath(name);
-      if (!node) {
-        std::string names;
-        for (const auto& p : out_.params) names += (names.empty() ? "" : ", ") + p.name;
-        throw Error(ErrorKind::kValueError, op_, "mutates_args",
-                    "'" + name + "' is not a parameter or a struct field of the op.",
-                    "Name a parameter (" + names + "), a leaf (cfg__w) or a field path (cfg.w).");
-      }
-      std::vector<int> leaves;
-      CollectTensorLeaves(*node, leaves);
-      if (leaves.empty()) {
-        const std::string what =
-            node->kind == MappingNode::Kind::kStruct
-                ? "'" + name + "' is a struct with no Tensor fields, so nothing can be mutated."
-                : "'" + name + "' has type " +
-                      TypeStr(*out_.flat.arguments[static_cast<size_t>(node->leaf_index)].type) +
-                      "; only Tensor arguments can be mutated.";
-        throw Error(ErrorKind::kValueError, op_, "mutates_args", what,
-                    "Remove it from mutates_args.");
-      }
-      mutated.insert(leaves.begin(), leaves.end());
     }
-    for (int index : mutated) {
+    for (int index : ResolveTensorLeafIndices(out_, names, "mutates_args", "can be mutated")) {
       MarkMutated(out_.flat.arguments[static_cast<size_t>(index)], index);
       out_.leaves[static_cast<size_t>(index)].mutated = true;
     }
@@ -428,7 +371,82 @@ class Lowerer {
   LoweredOp out_;
 };
 
+const MappingNode* FindPath(const LoweredOp& op, const std::string& name) {
+  // "cfg", "cfg.inner.w" or a flat leaf name "cfg__inner__w".
+  std::vector<std::string> parts;
+  std::string rest = name;
+  const std::string sep = name.find('.') != std::string::npos ? "." : "__";
+  size_t pos;
+  while ((pos = rest.find(sep)) != std::string::npos) {
+    parts.push_back(rest.substr(0, pos));
+    rest = rest.substr(pos + sep.size());
+  }
+  parts.push_back(rest);
+  const std::vector<MappingNode>* level = &op.params;
+  const MappingNode* found = nullptr;
+  for (const auto& part : parts) {
+    found = nullptr;
+    for (const auto& node : *level) {
+      if (node.name == part) found = &node;
+    }
+    if (!found) return nullptr;
+    level = &found->children;
+  }
+  return found;
+}
+
+void CollectTensorLeaves(const LoweredOp& op, const MappingNode& node, std::vector<int>& out) {
+  if (node.kind == MappingNode::Kind::kLeaf) {
+    if (IsTensorLike(*op.flat.arguments[static_cast<size_t>(node.leaf_index)].type)) {
+      out.push_back(node.leaf_index);
+    }
+    return;
+  }
+  for (const auto& child : node.children) CollectTensorLeaves(op, child, out);
+}
+
 }  // namespace
+
+std::vector<int> ResolveTensorLeafIndices(const LoweredOp& op, const std::vector<std::string>& names,
+                                          const std::string& option, const std::string& purpose) {
+  const std::string op_name = op.flat.qualified_name();
+  std::set<int> found_all;
+  for (const auto& name : names) {
+    // A parameter, then a flat leaf name, then a path (cfg.w or cfg__w).
+    const MappingNode* node = nullptr;
+    for (const auto& p : op.params) {
+      if (p.name == name) node = &p;
+    }
+    MappingNode leaf_node;
+    for (size_t i = 0; !node && i < op.flat.arguments.size(); ++i) {
+      if (op.flat.arguments[i].name == name && !op.leaves[i].is_presence) {
+        leaf_node.leaf_index = static_cast<int>(i);
+        node = &leaf_node;
+      }
+    }
+    if (!node) node = FindPath(op, name);
+    if (!node) {
+      std::string known;
+      for (const auto& p : op.params) known += (known.empty() ? "" : ", ") + p.name;
+      throw Error(ErrorKind::kValueError, op_name, option,
+                  "'" + name + "' is not a parameter or a struct field of the op.",
+                  "Name a parameter (" + known + "), a leaf (cfg__w) or a field path (cfg.w).");
+    }
+    std::vector<int> leaves;
+    CollectTensorLeaves(op, *node, leaves);
+    if (leaves.empty()) {
+      const std::string what =
+          node->kind == MappingNode::Kind::kStruct
+              ? "'" + name + "' is a struct with no Tensor fields, so none of it " + purpose + "."
+              : "'" + name + "' has type " +
+                    TypeStr(*op.flat.arguments[static_cast<size_t>(node->leaf_index)].type) +
+                    "; only Tensor arguments " + purpose + ".";
+      throw Error(ErrorKind::kValueError, op_name, option, what, "Remove it from " + option + ".");
+    }
+    found_all.insert(leaves.begin(), leaves.end());
+  }
+  return std::vector<int>(found_all.begin(), found_all.end());
+}
 
 void CheckOpName(const std::string& name) {
   if (!ValidOpName(name)) {

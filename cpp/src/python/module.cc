@@ -16,6 +16,7 @@
 #include "opforge/schema.h"
 #include "opforge/spec.h"
 #include "opforge/structs.h"
+#include "opforge/tags.h"
 
 namespace py = pybind11;
 
@@ -322,6 +323,33 @@ PYBIND11_MODULE(_C, m) {
   m.def("handle_type", [](int64_t handle) { return HandleTable::Global().TypeOf(handle); });
   m.def("handle_release", [](int64_t handle) { return HandleTable::Global().Release(handle); });
   m.def("handle_count", [] { return HandleTable::Global().size(); });
+
+  // Ops defined through either front end, and argument tags (SPEC §5).
+  m.def("op_spec", [](const std::string& name) -> py::object {
+    auto spec = OpSpecRegistry::Global().Find(name);
+    if (!spec) return py::none();
+    return py::cast(*spec);
+  }, py::arg("name"), "The lowered spec of an op defined through opforge, or None.");
+  m.def("add_op_spec", [](const LoweredOp& op) { OpSpecRegistry::Global().Add(op); }, py::arg("lowered"));
+  m.def("remove_op_spec", [](const std::string& name) {
+    TagRegistry::Global().RemoveOp(name);
+    return OpSpecRegistry::Global().Remove(name);
+  }, py::arg("name"));
+  m.def("op_spec_names", [] { return OpSpecRegistry::Global().Names(); });
+  m.def("resolve_tensor_args", &ResolveTensorArgs, py::arg("lowered"), py::arg("names"), py::arg("option"),
+        "Flat names of the Tensor leaves that `names` denote (a struct expands to its Tensor leaves).");
+  m.def("set_arg_tag",
+        [](const std::string& op, const std::string& tag, std::vector<std::string> args) {
+          TagRegistry::Global().Set(op, tag, std::move(args));
+        },
+        py::arg("op"), py::arg("tag"), py::arg("args"));
+  m.def("args_with_tag",
+        [](const std::string& op, const std::string& tag) { return TagRegistry::Global().ArgsWithTag(op, tag); },
+        py::arg("op"), py::arg("tag"));
+  m.def("arg_tags", [](const std::string& op) { return TagRegistry::Global().TagsOf(op); }, py::arg("op"));
+  m.def("ops_with_tag", [](const std::string& tag) { return TagRegistry::Global().OpsWithTag(tag); },
+        py::arg("tag"));
+  m.def("tags_version", [] { return TagRegistry::Global().version(); });
 
   m.def("check_op_name", &CheckOpName, py::arg("name"),
         "Raises ValueError unless name has the form 'namespace::name'.");

@@ -1,0 +1,27 @@
+# find_package(opforge) for C++ kernel libraries:
+#
+#   find_package(opforge REQUIRED)        # CMAKE_PREFIX_PATH: python -c "import opforge; print(opforge.cmake_prefix_path)"
+#   add_library(myops SHARED myops.cc)
+#   target_link_libraries(myops PRIVATE opforge::opforge)
+#
+# torch is located through the Python that has opforge installed (the one
+# that will load the library); set Python_EXECUTABLE to choose it.
+get_filename_component(_opforge_root "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
+include("${CMAKE_CURRENT_LIST_DIR}/OpforgeTorch.cmake")
+opforge_find_torch()
+
+if(NOT TARGET opforge::opforge)
+  add_library(opforge::core SHARED IMPORTED)
+  set_target_properties(opforge::core PROPERTIES
+    IMPORTED_LOCATION "${_opforge_root}/lib/libopforge_core.so"
+    INTERFACE_INCLUDE_DIRECTORIES "${_opforge_root}/include"
+    INTERFACE_COMPILE_FEATURES cxx_std_17)
+  add_library(opforge::torch SHARED IMPORTED)
+  set_target_properties(opforge::torch PROPERTIES
+    IMPORTED_LOCATION "${_opforge_root}/lib/libopforge_torch.so"
+    INTERFACE_LINK_LIBRARIES "opforge::core;opforge_torch_deps")
+  add_library(opforge::opforge INTERFACE IMPORTED)
+  set_target_properties(opforge::opforge PROPERTIES INTERFACE_LINK_LIBRARIES "opforge::torch")
+endif()
+set(opforge_LIBRARY_DIR "${_opforge_root}/lib")
+set(opforge_FOUND TRUE)

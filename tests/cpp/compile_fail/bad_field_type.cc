@@ -1,0 +1,16 @@
+// Must not compile: std::map has no torch schema equivalent.
+#include <map>
+
+#include "opforge/opforge.h"
+
+struct BadCfg {
+  std::map<int, int> table;
+};
+OPFORGE_STRUCT(BadCfg, table);
+
+at::Tensor UseBad(const at::Tensor& x, const BadCfg&) { return x; }
+
+void Register(torch::Library& lib) {
+  opforge::Library m(lib, "bad");
+  m.def("f(Tensor x, BadCfg cfg) -> Tensor", &UseBad);
+}

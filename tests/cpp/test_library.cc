@@ -1,0 +1,223 @@
+// The C++ front end through the real dispatcher.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include "opforge/opforge.h"
+
+namespace lib_test {
+
+struct Inner {
+  double bias = 0.0;
+  at::Tensor w;
+};
+OPFORGE_STRUCT(Inner, bias, w);
+
+enum class Mode : int64_t { kFast = 1, kExact = 2 };
+OPFORGE_ENUM(Mode, kFast, kExact);
+
+struct Cfg {
+  double scale;
+  bool causal = true;
+  int64_t k = 1;
+  Mode mode = Mode::kFast;
+  std::optional<double> eps;
+  std::vector<int64_t> dims;
+  Inner inner;
+  std::optional<Inner> extra;
+};
+OPFORGE_STRUCT(Cfg, scale, causal, k, mode, eps, dims, inner, extra);
+
+// Every field shows up in the result, so a wrong rebuild shows.
+at::Tensor Attn(const at::Tensor& q, const Cfg& cfg) {
+  double add = (cfg.causal ? 1 : 0) + cfg.k * 10 + static_cast<int64_t>(cfg.mode) * 100 +
+               cfg.eps.value_or(0.5) + static_cast<double>(cfg.dims.size()) * 1000 + cfg.inner.bias +
+               (cfg.extra ? cfg.extra->bias : -7.0);
+  return q * cfg.scale + add + cfg.inner.w;
+}
+
+at::Tensor AttnCpu(const at::Tensor& q, const Cfg& cfg) { return Attn(q, cfg) + 0.25; }
+
+struct Out {
+  at::Tensor y;
+  at::Tensor lse;
+};
+OPFORGE_STRUCT(Out, y, lse);
+
+Out Split(const at::Tensor& x) { return Out{x * 2, x * 3}; }
+
+struct Runner {
+  double k;
+};
+at::Tensor RunKernel(const at::Tensor& x, opforge::Handle<Runner> runner) { return x * runner->k; }
+
+void Mutate(const at::Tensor& x, const Inner& bufs) { bufs.w.add_(x); }
+
+c10::IValue Call(const char* name, std::vector<c10::IValue> stack) {
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+  op.callBoxed(&stack);
+  return stack.empty() ? c10::IValue() : stack[0];
+}
+
+class LibraryTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    lib_ = new torch::Library(torch::Library::FRAGMENT, "opforge_lib_test", std::nullopt, __FILE__, __LINE__);
+    opforge::Library m(*lib_, "opforge_lib_test");
+    m.def("attn(Tensor q, Cfg cfg) -> Tensor", &Attn).symm_mem_args({"cfg"});
+    m.def("split(Tensor x) -> Out", &Split);
+    m.def("run(Tensor x, Handle(Runner) runner) -> Tensor", &RunKernel);
+    m.def("mutate(Tensor x, Inner(a!) bufs) -> ()", &Mutate);
+  }
+  static torch::Library* lib_;
+};
+torch::Library* LibraryTest::lib_ = nullptr;
+
+TEST_F(LibraryTest, StructParametersRegisterTheFlatSchema) {
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_lib_test::attn", "");
+  std::ostringstream printed;
+  printed << op.schema();
+  EXPECT_EQ(printed.str(),
+            "opforge_lib_test::attn(Tensor q, float cfg__scale, bool cfg__causal, int cfg__k, int cfg__mode, "
+            "float? cfg__eps, int[] cfg__dims, float cfg__inner__bias, Tensor cfg__inner__w, "
+            "bool cfg__extra__is_set, float? cfg__extra__bias, Tensor? cfg__extra__w) -> Tensor");
+}
+
+TEST_F(LibraryTest, KernelReceivesTheStructRebuiltFromLeaves) {
+  at::Tensor q = at::ones({2});
+  at::Tensor w = at::full({2}, 0.125);
+  auto out = Call("opforge_lib_test::attn",
+                  {q, 2.0, false, int64_t{3}, int64_t{2}, c10::IValue(), std::vector<int64_t>{4, 5}, 0.5, w,
+                   true, 0.25, w})
+                 .toTensor();
+  // 2 + (0 + 30 + 200 + 0.5 + 2000 + 0.5 + 0.25) + 0.125
+  EXPECT_DOUBLE_EQ(out[0].item<double>(), 2 + 2231.25 + 0.125);
+  auto absent = Call("opforge_lib_test::attn",
+                     {q, 1.0, true, int64_t{1}, int64_t{1}, 0.0, std::vector<int64_t>{}, 0.0, w, false,
+                      c10::IValue(), c10::IValue()})
+                    .toTensor();
+  // 1 + (1 + 10 + 100 + 0 + 0 + 0 - 7) + 0.125
+  EXPECT_DOUBLE_EQ(absent[0].item<double>(), 1 + 104 + 0.125);
+}
+
+TEST_F(LibraryTest, PresentOptionalStructWithAMissingFieldIsAnError) {
+  at::Tensor w = at::zeros({2});
+  try {
+    Call("opforge_lib_test::attn", {at::ones({2}), 1.0, true, int64_t{1}, int64_t{1}, 0.0, std::vector<int64_t>{},
+                                    0.0, w, true, 0.25, c10::IValue()});
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("one of its required fields is None"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(LibraryTest, StructReturnsBecomeTuples) {
+  auto out = Call("opforge_lib_test::split", {at::ones({1})});
+  // Boxed calls leave both returns on the stack; the first is y.
+  EXPECT_DOUBLE_EQ(out.toTensor().item<double>(), 2.0);
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_lib_test::split", "");
+  auto typed = op.typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&)>();
+  auto [y, lse] = typed.call(at::ones({1}));
+  EXPECT_DOUBLE_EQ(lse.item<double>(), 3.0);
+}
+
+TEST_F(LibraryTest, SymmMemArgsExpandAStructToItsTensorLeaves) {
+  EXPECT_EQ(opforge::TagRegistry::Global().ArgsWithTag("opforge_lib_test::attn", "symm_mem"),
+            (std::vector<std::string>{"cfg__inner__w", "cfg__extra__w"}));
+  auto spec = opforge::OpSpecRegistry::Global().Find("opforge_lib_test::attn");
+  ASSERT_TRUE(spec);
+  EXPECT_EQ(opforge::ToString(spec->original), "opforge_lib_test::attn(Tensor q, Cfg cfg) -> Tensor");
+}
+
+TEST_F(LibraryTest, HandleParametersResolveToTheRegisteredObject) {
+  auto runner = std::make_shared<Runner>(Runner{4.0});
+  int64_t h = opforge::RegisterHandle(runner);
+  auto out = Call("opforge_lib_test::run", {at::ones({1}), h}).toTensor();
+  EXPECT_DOUBLE_EQ(out.item<double>(), 4.0);
+  ASSERT_TRUE(opforge::HandleTable::Global().Release(h));
+  try {
+    Call("opforge_lib_test::run", {at::ones({1}), h});
+    FAIL() << "a released handle must not resolve";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("is stale"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(LibraryTest, HandleOfAnotherTypeIsRejected) {
+  auto inner = std::make_shared<Inner>();
+  int64_t h = opforge::RegisterHandle(inner);
+  try {
+    Call("opforge_lib_test::run", {at::ones({1}), h});
+    FAIL() << "a handle of another type must not resolve";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("refers to a lib_test.Inner, not a lib_test.Runner"),
+              std::string::npos)
+        << e.what();
+  }
+  opforge::HandleTable::Global().Release(h);
+}
+
+TEST_F(LibraryTest, MutatingAStructMutatesItsTensorField) {
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_lib_test::mutate", "");
+  std::ostringstream printed;
+  printed << op.schema();
+  EXPECT_EQ(printed.str(),
+            "opforge_lib_test::mutate(Tensor x, float bufs__bias, Tensor(a2!) bufs__w) -> ()");
+  at::Tensor w = at::zeros({2});
+  Call("opforge_lib_test::mutate", {at::ones({2}), 0.0, w});
+  EXPECT_DOUBLE_EQ(w[1].item<double>(), 1.0);
+}
+
+TEST(LibraryErrors, UnknownStructTypeInSchemaIsAnError) {
+  torch::Library lib(torch::Library::FRAGMENT, "opforge_lib_err", std::nullopt, __FILE__, __LINE__);
+  opforge::Library m(lib, "opforge_lib_err");
+  try {
+    m.def("f(Tensor x, NoSuchCfg cfg) -> Tensor");
+    FAIL() << "expected an error";
+  } catch (const opforge::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown type 'NoSuchCfg'"), std::string::npos) << e.what();
+  }
+}
+
+struct Cfg2 {
+  double scale;
+};
+OPFORGE_STRUCT_NAMED(Cfg2, "Cfg", scale);  // same name as lib_test::Cfg, other layout
+at::Tensor UseCfg2(const at::Tensor& x, const Cfg2& c) { return x * c.scale; }
+
+TEST(LibraryErrors, DuplicateStructNameWithADifferentLayoutIsAnError) {
+  torch::Library lib(torch::Library::FRAGMENT, "opforge_lib_err2", std::nullopt, __FILE__, __LINE__);
+  opforge::Library m(lib, "opforge_lib_err2");
+  opforge::RegisterTypes<Cfg>();
+  try {
+    m.def("g(Tensor x, Cfg c) -> Tensor", &UseCfg2);
+    FAIL() << "expected an error";
+  } catch (const opforge::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already registered with a different layout"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(LibraryErrors, KernelSignatureMustMatchTheSchema) {
+  torch::Library lib(torch::Library::FRAGMENT, "opforge_lib_err3", std::nullopt, __FILE__, __LINE__);
+  opforge::Library m(lib, "opforge_lib_err3");
+  // The schema says int, the kernel takes the Cfg struct: torch's own check.
+  EXPECT_ANY_THROW(m.def("h(Tensor q, int cfg) -> Tensor", &Attn));
+}
+
+TEST(LibraryImpl, PerDeviceKernelsTakePrecedence) {
+  torch::Library lib(torch::Library::FRAGMENT, "opforge_lib_dev", std::nullopt, __FILE__, __LINE__);
+  opforge::Library m(lib, "opforge_lib_dev");
+  m.def("attn(Tensor q, Cfg cfg) -> Tensor", &Attn);
+  m.impl("attn", c10::DeviceType::CPU, &AttnCpu);
+  at::Tensor w = at::zeros({1});
+  auto out = Call("opforge_lib_dev::attn", {at::zeros({1}), 1.0, true, int64_t{0}, int64_t{1}, 0.0,
+                                            std::vector<int64_t>{}, 0.0, w, false, c10::IValue(),
+                                            c10::IValue()})
+                 .toTensor();
+  // Attn gives 0 + (1 + 0 + 100 + 0 + 0 + 0 - 7); AttnCpu adds 0.25.
+  EXPECT_DOUBLE_EQ(out.item<double>(), 94.25);
+}
+
+}  // namespace lib_test
