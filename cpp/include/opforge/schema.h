@@ -83,6 +83,7 @@ enum class TypeKind : uint8_t {
   kAny,
   kAnyClass,
   kAnyEnum,
+  kPyObject,
   kNone,
   kVar,    // a type variable: `t`, `tVal`
   kClass,  // `__torch__.torch.classes.ns.Name`

@@ -161,6 +161,7 @@ const char* LeafName(TypeKind kind, bool annotation) {
     case TypeKind::kAny: return "Any";
     case TypeKind::kAnyClass: return "AnyClassType";
     case TypeKind::kAnyEnum: return "AnyEnumType";
+    case TypeKind::kPyObject: return "PyObject";
     case TypeKind::kNone: return "NoneType";
     default: return nullptr;
   }
@@ -272,47 +273,79 @@ std::set<std::string> Sorted(const std::vector<std::string>& sets) {
   return {sets.begin(), sets.end()};
 }
 
+bool SameSets(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  return a == b || Sorted(a) == Sorted(b);
+}
+
 // torch keeps alias sets in an unordered_set, which iterates the sets it holds
 // in the reverse of the order they were added.
-void PrintSets(std::ostream& out, const std::vector<std::string>& sets) {
+void AppendSets(std::string& out, const std::vector<std::string>& sets) {
   for (size_t i = sets.size(); i-- > 0;) {
-    out << sets[i];
-    if (i) out << "|";
+    out += sets[i];
+    if (i) out += "|";
   }
 }
 
 }  // namespace
 
-std::string TypeStr(const Type& type) {
-  if (const char* leaf = LeafName(type.kind, false)) return leaf;
+void AppendType(std::string& out, const Type& type) {
+  if (const char* leaf = LeafName(type.kind, false)) {
+    out += leaf;
+    return;
+  }
   switch (type.kind) {
     case TypeKind::kVar:
     case TypeKind::kClass:
     case TypeKind::kStruct:
     case TypeKind::kEnum:
-      return type.name;
+      out += type.name;
+      return;
     case TypeKind::kHandle:
-      return "Handle(" + type.name + ")";
+      out += "Handle(";
+      out += type.name;
+      out += ")";
+      return;
     case TypeKind::kLiteral: {
-      std::ostringstream out;
-      out << "Literal[";
+      std::ostringstream text;
+      text << "Literal[";
       for (size_t i = 0; i < type.literals.size(); ++i) {
-        if (i) out << ", ";
-        PrintValue(out, type.literals[i], /*quote_strings=*/true);
+        if (i) text << ", ";
+        PrintValue(text, type.literals[i], /*quote_strings=*/true);
       }
-      out << "]";
-      return out.str();
+      text << "]";
+      out += text.str();
+      return;
     }
-    case TypeKind::kList: return TypeStr(type.element()) + "[]";
-    case TypeKind::kOptional: return TypeStr(type.element()) + "?";
-    case TypeKind::kTuple: return "(" + JoinTypes(type.elements, false) + ")";
-    case TypeKind::kDict: return "Dict(" + JoinTypes(type.elements, false) + ")";
-    case TypeKind::kFuture: return "Future(" + JoinTypes(type.elements, false) + ")";
-    case TypeKind::kRRef: return "RRef(" + JoinTypes(type.elements, false) + ")";
-    case TypeKind::kAwait: return "Await(" + JoinTypes(type.elements, false) + ")";
-    case TypeKind::kUnion: return "Union(" + JoinTypes(type.elements, false) + ")";
-    default: return "?";
+    case TypeKind::kList:
+      AppendType(out, type.element());
+      out += "[]";
+      return;
+    case TypeKind::kOptional:
+      AppendType(out, type.element());
+      out += "?";
+      return;
+    default: {
+      const char* open = type.kind == TypeKind::kTuple    ? "("
+                         : type.kind == TypeKind::kDict   ? "Dict("
+                         : type.kind == TypeKind::kFuture ? "Future("
+                         : type.kind == TypeKind::kRRef   ? "RRef("
+                         : type.kind == TypeKind::kAwait  ? "Await("
+                         : type.kind == TypeKind::kUnion  ? "Union("
+                                                          : "?(";
+      out += open;
+      for (size_t i = 0; i < type.elements.size(); ++i) {
+        if (i) out += ", ";
+        AppendType(out, *type.elements[i]);
+      }
+      out += ")";
+    }
   }
+}
+
+std::string TypeStr(const Type& type) {
+  std::string out;
+  AppendType(out, type);
+  return out;
 }
 
 std::string AnnotationStr(const Type& type) {
@@ -340,22 +373,25 @@ bool IsTensorLike(const Type& type) {
 }
 
 bool AliasInfo::operator==(const AliasInfo& o) const {
-  return Sorted(before_sets) == Sorted(o.before_sets) &&
-         Sorted(after_sets) == Sorted(o.after_sets) && is_write == o.is_write &&
-         contained == o.contained;
+  return SameSets(before_sets, o.before_sets) && SameSets(after_sets, o.after_sets) &&
+         is_write == o.is_write && contained == o.contained;
+}
+
+void AppendAlias(std::string& out, const AliasInfo& alias_info) {
+  out += "(";
+  AppendSets(out, alias_info.before_sets);
+  if (alias_info.is_write) out += "!";
+  if (!SameSets(alias_info.before_sets, alias_info.after_sets)) {
+    out += " -> ";
+    AppendSets(out, alias_info.after_sets);
+  }
+  out += ")";
 }
 
 std::string ToString(const AliasInfo& alias_info) {
-  std::ostringstream out;
-  out << "(";
-  PrintSets(out, alias_info.before_sets);
-  if (alias_info.is_write) out << "!";
-  if (Sorted(alias_info.before_sets) != Sorted(alias_info.after_sets)) {
-    out << " -> ";
-    PrintSets(out, alias_info.after_sets);
-  }
-  out << ")";
-  return out.str();
+  std::string out;
+  AppendAlias(out, alias_info);
+  return out;
 }
 
 std::string ValueToString(const Value& value) {
@@ -364,89 +400,110 @@ std::string ValueToString(const Value& value) {
   return out.str();
 }
 
-std::string DefaultToString(const Value& value, const Type& type) {
-  std::ostringstream out;
+void AppendDefault(std::string& out, const Value& value, const Type& type) {
   const Type& unopt = type.unwrap_optional();
+  switch (value.kind) {
+    case Value::Kind::kNone: out += "None"; return;
+    case Value::Kind::kBool: out += value.b ? "True" : "False"; return;
+    case Value::Kind::kInt: out += std::to_string(value.i); return;
+    default: break;
+  }
+  std::ostringstream text;
   if (value.kind == Value::Kind::kString &&
-      (unopt.kind == TypeKind::kStr || unopt.kind == TypeKind::kLiteral ||
-       unopt.kind == TypeKind::kEnum)) {
-    PrintQuoted(out, value.s);
+      (unopt.kind == TypeKind::kStr || unopt.kind == TypeKind::kLiteral || unopt.kind == TypeKind::kEnum)) {
+    PrintQuoted(text, value.s);
   } else if (type.kind == TypeKind::kList && type.element().kind == TypeKind::kInt &&
              value.kind == Value::Kind::kList && value.items.size() > 1) {
     // torch writes `int[2] stride=1` rather than `int[2] stride=[1, 1]`.
     bool same = true;
     for (const auto& item : value.items) same = same && item == value.items[0];
-    PrintValue(out, same ? value.items[0] : value, false);
+    PrintValue(text, same ? value.items[0] : value, false);
   } else {
-    PrintValue(out, value, false);
+    PrintValue(text, value, false);
   }
-  return out.str();
+  out += text.str();
 }
 
-std::string ToString(const Argument& arg) {
-  std::ostringstream out;
+std::string DefaultToString(const Value& value, const Type& type) {
+  std::string out;
+  AppendDefault(out, value, type);
+  return out;
+}
+
+void AppendArgument(std::string& out, const Argument& arg) {
   const Type& type = *arg.type;
   bool is_opt = type.is_optional();
   const Type& unopt = type.unwrap_optional();
   if (unopt.kind == TypeKind::kList) {
-    out << TypeStr(unopt.element());
+    AppendType(out, unopt.element());
     if (arg.alias_info && !arg.alias_info->contained.empty()) {
-      out << ToString(arg.alias_info->contained[0]);
+      AppendAlias(out, arg.alias_info->contained[0]);
     }
-    out << "[";
-    if (arg.N) out << *arg.N;
-    out << "]";
+    out += "[";
+    if (arg.N) out += std::to_string(*arg.N);
+    out += "]";
   } else {
-    out << TypeStr(unopt);
+    AppendType(out, unopt);
   }
-  if (arg.alias_info && !arg.alias_info->before_sets.empty()) {
-    out << ToString(*arg.alias_info);
+  if (arg.alias_info && !arg.alias_info->before_sets.empty()) AppendAlias(out, *arg.alias_info);
+  if (is_opt) out += "?";
+  if (!arg.name.empty()) {
+    out += " ";
+    out += arg.name;
   }
-  if (is_opt) out << "?";
-  if (!arg.name.empty()) out << " " << arg.name;
-  if (arg.default_value) out << "=" << DefaultToString(*arg.default_value, type);
-  return out.str();
+  if (arg.default_value) {
+    out += "=";
+    AppendDefault(out, *arg.default_value, type);
+  }
+}
+
+std::string ToString(const Argument& arg) {
+  std::string out;
+  AppendArgument(out, arg);
+  return out;
 }
 
 std::string ToString(const FunctionSchema& schema) {
-  std::ostringstream out;
-  out << schema.qualified_name() << "(";
+  std::string out;
+  out.reserve(128);
+  out += schema.name;
+  if (!schema.overload.empty()) {
+    out += ".";
+    out += schema.overload;
+  }
+  out += "(";
   bool seen_kwarg_only = false;
   for (size_t i = 0; i < schema.arguments.size(); ++i) {
-    if (i > 0) out << ", ";
+    if (i > 0) out += ", ";
     if (schema.arguments[i].kwarg_only && !seen_kwarg_only) {
-      out << "*, ";
+      out += "*, ";
       seen_kwarg_only = true;
     }
-    out << ToString(schema.arguments[i]);
+    AppendArgument(out, schema.arguments[i]);
   }
   if (schema.is_vararg) {
-    if (!schema.arguments.empty()) out << ", ";
-    out << "...";
+    if (!schema.arguments.empty()) out += ", ";
+    out += "...";
   }
-  out << ") -> ";
+  out += ") -> ";
   const auto& returns = schema.returns;
-  bool need_paren = !((returns.size() == 1 && !schema.is_varret) ||
-                      (returns.empty() && schema.is_varret));
-  std::vector<std::string> printed;
-  for (const auto& ret : returns) printed.push_back(ToString(ret));
+  bool need_paren = !((returns.size() == 1 && !schema.is_varret) || (returns.empty() && schema.is_varret));
+  std::string rets;
+  for (size_t i = 0; i < returns.size(); ++i) {
+    if (i > 0) rets += ", ";
+    AppendArgument(rets, returns[i]);
+  }
   // A single return that itself starts with '(' (a tuple type) needs
   // parentheses, or it would read as the return list.
-  if (returns.size() == 1 && !schema.is_varret && !printed[0].empty() &&
-      printed[0].front() == '(') {
-    need_paren = true;
-  }
-  if (need_paren) out << "(";
-  for (size_t i = 0; i < printed.size(); ++i) {
-    if (i > 0) out << ", ";
-    out << printed[i];
-  }
+  if (returns.size() == 1 && !schema.is_varret && !rets.empty() && rets.front() == '(') need_paren = true;
+  if (need_paren) out += "(";
+  out += rets;
   if (schema.is_varret) {
-    if (!returns.empty()) out << ", ";
-    out << "...";
+    if (!returns.empty()) out += ", ";
+    out += "...";
   }
-  if (need_paren) out << ")";
-  return out.str();
+  if (need_paren) out += ")";
+  return out;
 }
 
 }  // namespace opforge

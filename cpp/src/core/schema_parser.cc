@@ -286,6 +286,7 @@ const LeafEntry kLeafTypes[] = {
     {"SymBool", TypeKind::kSymBool},       {"Capsule", TypeKind::kCapsule},
     {"Any", TypeKind::kAny},               {"AnyClassType", TypeKind::kAnyClass},
     {"AnyEnumType", TypeKind::kAnyEnum},   {"Tensor", TypeKind::kTensor},
+    {"PyObject", TypeKind::kPyObject},
 };
 
 class SchemaParser {

@@ -8,6 +8,8 @@
 #include <pybind11/complex.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <complex>
 
 #include "opforge/autograd.h"
@@ -51,6 +53,7 @@ const char* KindName(TypeKind kind) {
     case TypeKind::kAny: return "Any";
     case TypeKind::kAnyClass: return "AnyClassType";
     case TypeKind::kAnyEnum: return "AnyEnumType";
+    case TypeKind::kPyObject: return "PyObject";
     case TypeKind::kNone: return "NoneType";
     case TypeKind::kVar: return "Var";
     case TypeKind::kClass: return "Class";
@@ -350,6 +353,21 @@ PYBIND11_MODULE(_C, m) {
   m.def("ops_with_tag", [](const std::string& tag) { return TagRegistry::Global().OpsWithTag(tag); },
         py::arg("tag"));
   m.def("tags_version", [] { return TagRegistry::Global().version(); });
+
+  m.def("bench_parse_print",
+        [](const std::vector<std::string>& texts, int repeats) {
+          // Parse and print every text, `repeats` times; the median pass in ms.
+          std::vector<double> ms;
+          size_t sink = 0;
+          for (int r = 0; r < repeats; ++r) {
+            auto start = std::chrono::steady_clock::now();
+            for (const auto& text : texts) sink += ToString(ParseSchema(text)).size();
+            ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+          }
+          std::sort(ms.begin(), ms.end());
+          return std::make_pair(ms[ms.size() / 2], sink);
+        },
+        py::arg("texts"), py::arg("repeats") = 9, py::call_guard<py::gil_scoped_release>());
 
   m.def("check_op_name", &CheckOpName, py::arg("name"),
         "Raises ValueError unless name has the form 'namespace::name'.");
