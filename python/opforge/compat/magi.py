@@ -1,0 +1,421 @@
+"""MagiCompiler's `magi_register_custom_op`, built on `@opforge.op`.
+
+    from opforge.compat.magi import magi_register_custom_op
+
+    @magi_register_custom_op()                      # in my_kernels.py
+    def scale(x: torch.Tensor, cfg: ScaleCfg) -> torch.Tensor:
+        return x * cfg.factor
+
+    scale.name                         # 'my_kernels::scale'  (file stem :: function name)
+    scale(x, ScaleCfg(factor=2.0))     # the original signature
+    torch.ops.my_kernels.scale(x, 2.0) # the flat leaves
+    scale._magi_param_mapping_tree     # [('primitive', 'x', 'x', None),
+                                       #  ('dataclass', 'cfg', ScaleCfg,
+                                       #   [('primitive', 'factor', 'cfg__factor', None)])]
+
+As in MagiCompiler: the meta function may be a function, a list of parameter
+names (each output is `empty_like` that parameter) or None (`empty_like` of the
+first N tensor inputs, N from the return annotation); Literal and Enum
+parameters reach the body as their raw values; `setup_context_fn` and
+`backward_fn` work on the original signature. `is_compute_sensitive` and
+`is_subgraph_boundary` mean nothing to opforge: they are recorded
+(`compute_sensitive_ops()`, `subgraph_boundary_ops()`) and, when MagiCompiler
+is installed, added to its compile config as MagiCompiler does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+import threading
+import types
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .. import _op
+from .._codegen import EMPTY, Param
+from .._types import TypeInfo
+from ._common import all_tensor_params, check_name_free, signature_types
+
+__all__ = ["compute_sensitive_ops", "magi_register_custom_op", "subgraph_boundary_ops"]
+
+_lock = threading.Lock()
+_compute_sensitive: list[str] = []
+_subgraph_boundary: list[str] = []
+
+# MagiCompiler's force_register_mode -> @opforge.op's triton=.
+_TRITON_MODES = {None: "auto", "triton_op": "force", "custom_op": "off"}
+
+
+def magi_register_custom_op(
+    name: str | None = None,
+    mutates_args: Sequence[str] = (),
+    infer_output_meta_fn: Callable | list[str] | None = None,
+    setup_context_fn: Callable | None = None,
+    backward_fn: Callable | None = None,
+    is_compute_sensitive: bool = False,
+    is_subgraph_boundary: bool = False,
+    extra_triton_kernels: Sequence[Any] | None = None,
+    force_register_mode: str | None = None,
+) -> Callable[[Callable], _op.OpDef]:
+    """Registers the decorated function as the op `name` (default
+    `<file stem>::<function name>`) and returns it as an `opforge.OpDef`."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(
+            f"magi_register_custom_op: name must be 'namespace::op' or None, not {type(name).__name__}. "
+            f"Write @magi_register_custom_op() with parentheses."
+        )
+    if force_register_mode not in _TRITON_MODES:
+        raise ValueError(
+            f"magi_register_custom_op: force_register_mode={force_register_mode!r} is not one of "
+            f"None, 'triton_op', 'custom_op'."
+        )
+
+    def decorator(fn: Callable) -> _op.OpDef:
+        return _register(
+            fn,
+            name if name is not None else default_op_name(fn),
+            mutates_args=mutates_args,
+            meta=infer_output_meta_fn,
+            setup_context_fn=setup_context_fn,
+            backward_fn=backward_fn,
+            compute_sensitive=is_compute_sensitive,
+            subgraph_boundary=is_subgraph_boundary,
+            triton=_TRITON_MODES[force_register_mode],
+            extra_triton_kernels=tuple(extra_triton_kernels or ()),
+            caller=sys._getframe(1),
+        )
+
+    return decorator
+
+
+def compute_sensitive_ops() -> tuple[str, ...]:
+    """Ops registered with `is_compute_sensitive=True`, in registration order."""
+    with _lock:
+        return tuple(_compute_sensitive)
+
+
+def subgraph_boundary_ops() -> tuple[str, ...]:
+    """Ops registered with `is_subgraph_boundary=True`, in registration order."""
+    with _lock:
+        return tuple(_subgraph_boundary)
+
+
+def default_op_name(fn: Callable) -> str:
+    """`<file stem>::<function name>`, as MagiCompiler names ops:
+    `def rms_norm` in `kernels/norm.py` -> 'norm::rms_norm'."""
+    try:
+        namespace = re.sub(r"[^a-zA-Z0-9_]", "_", Path(inspect.getfile(fn)).stem)
+    except (TypeError, OSError):
+        namespace = "magi_custom"
+    return f"{namespace}::{fn.__name__}"
+
+
+def _register(fn, op_name, *, mutates_args, meta, setup_context_fn, backward_fn, compute_sensitive,
+              subgraph_boundary, triton, extra_triton_kernels, caller) -> _op.OpDef:
+    check_name_free(op_name)
+    params, ret_types = signature_types(op_name, fn, caller)
+    if isinstance(mutates_args, str) and mutates_args == "unknown":
+        mutates_args = all_tensor_params(params)
+
+    if setup_context_fn is not None and backward_fn is None:
+        warnings.warn(
+            f"{op_name}: setup_context_fn is ignored without backward_fn, as in MagiCompiler. "
+            f"Pass backward_fn= as well, or drop setup_context_fn.",
+            stacklevel=3,
+        )
+        setup_context_fn = None
+
+    plan = _raw_value_plan(params)
+    if meta is None:
+        fake = None
+    elif isinstance(meta, (list, tuple)):
+        fake = _meta_from_param_names(op_name, params, list(meta))
+    elif callable(meta):
+        fake = _with_raw_values(meta, plan) if plan else meta
+    else:
+        raise TypeError(
+            f"{op_name}: infer_output_meta_fn must be a function, a list of parameter names or None, "
+            f"not {type(meta).__name__}."
+        )
+    body = _body_with_raw_values(fn, plan) if plan else fn
+    if plan and setup_context_fn is not None:
+        setup_context_fn = _setup_with_raw_values(setup_context_fn, plan)
+
+    opdef = _op.define(
+        op_name,
+        body,
+        mutates_args=mutates_args,
+        fake=fake,
+        setup_context=setup_context_fn,
+        backward=backward_fn,
+        triton=triton,
+        extra_triton_kernels=extra_triton_kernels,
+        _caller=caller,
+    )
+    # No meta function: a Triton op traces its own body (as MagiCompiler's
+    # triton_op path does); any other op gets the identity meta.
+    if opdef._state.fake is None and ret_types:
+        opdef.register_fake(_identity_meta(op_name, params, ret_types))
+    opdef.__wrapped__ = fn
+    tree = _mapping_tree(opdef, params)
+    opdef._magi_torch_registered_op = opdef.overload
+    opdef._magi_param_mapping_tree = tree
+    opdef._magi_flat_plan = tree  # the name earlier MagiCompiler releases used
+    _record_flags(op_name, compute_sensitive, subgraph_boundary)
+    return opdef
+
+
+# MagiCompiler lowers Literal and Enum parameters to `str` and the body gets
+# the raw value; @opforge.op gives the body Enum members. The shim converts
+# back, so a body written for MagiCompiler (`mode == "a"`) keeps working.
+
+def _raw_value_plan(params: list[Param]) -> list[tuple[int, str, Callable]]:
+    plan = []
+    for index, p in enumerate(params):
+        convert = _raw_value_converter(p.type)
+        if convert is not None:
+            plan.append((index, p.name, convert))
+    return plan
+
+
+def _raw_value_converter(t: TypeInfo) -> Callable | None:
+    """Replaces Enum members by their values inside a value of type `t`;
+    None when `t` holds no Enum."""
+    if t.kind == "enum":
+        return _enum_value
+    if t.kind == "list" and t.element is not None:
+        inner = _raw_value_converter(t.element)
+        if inner is None:
+            return None
+        return lambda value: value if value is None else [inner(v) for v in value]
+    if t.kind == "struct":
+        fields = [(name, c) for name, ft in t.fields.items() if (c := _raw_value_converter(ft)) is not None]
+        if not fields:
+            return None
+
+        def convert_struct(value):
+            if value is None:
+                return None
+            return dataclasses.replace(value, **{name: c(getattr(value, name)) for name, c in fields})
+
+        return convert_struct
+    return None
+
+
+def _enum_value(value):
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _convert_args(plan, args: tuple, kwargs: dict) -> tuple[list, dict]:
+    args = list(args)
+    for index, name, convert in plan:
+        if index < len(args):
+            args[index] = convert(args[index])
+        elif name in kwargs:
+            kwargs[name] = convert(kwargs[name])
+    return args, kwargs
+
+
+def _with_raw_values(fn: Callable, plan) -> Callable:
+    def call(*args, **kwargs):
+        args, kwargs = _convert_args(plan, args, kwargs)
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def _body_with_raw_values(fn: Callable, plan) -> Callable:
+    """`fn` behind the conversion, looking like `fn` to `@opforge.op`: same
+    signature, annotations and globals, so string annotations resolve."""
+
+    def make(_opforge_target, _opforge_plan, _opforge_convert):
+        def call(*args, **kwargs):
+            args, kwargs = _opforge_convert(_opforge_plan, args, kwargs)
+            return _opforge_target(*args, **kwargs)
+
+        return call
+
+    call = make(fn, plan, _convert_args)
+    body = types.FunctionType(call.__code__, fn.__globals__, fn.__name__, None, call.__closure__)
+    body.__signature__ = inspect.signature(fn)
+    body.__annotations__ = dict(getattr(fn, "__annotations__", {}))
+    body.__qualname__ = fn.__qualname__
+    body.__module__ = fn.__module__
+    body.__doc__ = fn.__doc__
+    return body
+
+
+def _setup_with_raw_values(setup_context: Callable, plan) -> Callable:
+    def setup(ctx, inputs, output):
+        inputs = list(inputs)
+        for index, _name, convert in plan:
+            inputs[index] = convert(inputs[index])
+        return setup_context(ctx, tuple(inputs), output)
+
+    return setup
+
+
+def _param_values(params: list[Param], args: tuple, kwargs: dict) -> list:
+    values = []
+    for index, p in enumerate(params):
+        if index < len(args):
+            values.append(args[index])
+        elif p.name in kwargs:
+            values.append(kwargs[p.name])
+        else:
+            values.append(None if p.default is EMPTY else p.default)
+    return values
+
+
+def _tensors_in(value, t: TypeInfo):
+    """Tensors of one argument in leaf order (struct fields depth-first)."""
+    if t.kind == "tensor":
+        if isinstance(value, torch.Tensor):
+            yield value
+    elif t.kind == "struct" and value is not None:
+        for name, ft in t.fields.items():
+            yield from _tensors_in(getattr(value, name), ft)
+
+
+def _identity_meta(op_name: str, params: list[Param], ret_types: list[TypeInfo]) -> Callable:
+    """MagiCompiler's default meta: output i is `empty_like` of the i-th
+    tensor input. `f(scale: float, x, y) -> tuple[Tensor, Tensor]` gives
+    `(empty_like(x), empty_like(y))`."""
+    count = len(ret_types)
+    tensors_only = all(t.kind == "tensor" and not t.optional for t in ret_types)
+    returns = ", ".join(t.text for t in ret_types)
+
+    def identity_meta(*args, **kwargs):
+        if not tensors_only:
+            raise TypeError(
+                f"{op_name}: the default meta function describes Tensor outputs only, and this op returns "
+                f"({returns}). Pass infer_output_meta_fn= (a function returning the outputs' empty tensors)."
+            )
+        found = []
+        for value, p in zip(_param_values(params, args, kwargs), params):
+            for t in _tensors_in(value, p.type):
+                found.append(t)
+                if len(found) == count:
+                    outs = [torch.empty_like(x) for x in found]
+                    return outs[0] if count == 1 else tuple(outs)
+        raise ValueError(
+            f"{op_name}: the default meta function needs {count} tensor input(s) to copy the output "
+            f"shape(s) from, but the call has {len(found)}. Pass infer_output_meta_fn= (a function, or "
+            f"the names of the parameters whose shape each output takes)."
+        )
+
+    return identity_meta
+
+
+def _tensor_parameters(params: list[Param]) -> dict[str, tuple[int, tuple[str, ...], TypeInfo]]:
+    """Every name infer_output_meta_fn may list: parameters, and struct leaves
+    by their flat name ('cfg__bias'). name -> (param index, field path, type)."""
+    out = {}
+
+    def walk(prefix, index, path, t):
+        out[prefix] = (index, path, t)
+        if t.kind == "struct":
+            for name, ft in t.fields.items():
+                walk(f"{prefix}__{name}", index, (*path, name), ft)
+
+    for index, p in enumerate(params):
+        walk(p.name, index, (), p.type)
+    return out
+
+
+def _meta_from_param_names(op_name: str, params: list[Param], names: list[str]) -> Callable:
+    """`infer_output_meta_fn=["weight", "bias"]`: output i is `empty_like`
+    of the i-th named parameter."""
+    known = _tensor_parameters(params)
+    tensors = [n for n, (_i, _p, t) in known.items() if t.kind == "tensor"]
+    getters = []
+    for name in names:
+        if name not in known:
+            raise ValueError(
+                f"{op_name}: infer_output_meta_fn: {name!r} is not a parameter. "
+                f"Name Tensor parameters, e.g. {tensors!r}."
+            )
+        index, path, t = known[name]
+        if t.kind != "tensor":
+            raise ValueError(
+                f"{op_name}: infer_output_meta_fn: parameter {name!r} is {t.text}, not a Tensor. "
+                f"Name only Tensor parameters ({tensors!r}), or pass a function."
+            )
+        getters.append((name, index, path))
+
+    def meta(*args, **kwargs):
+        values = _param_values(params, args, kwargs)
+        outs = []
+        for name, index, path in getters:
+            value = values[index]
+            for field in path:
+                value = None if value is None else getattr(value, field)
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(
+                    f"{op_name}: infer_output_meta_fn names {name!r}, which is None in this call. "
+                    f"Pass a function as infer_output_meta_fn to describe this case."
+                )
+            outs.append(torch.empty_like(value))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return meta
+
+
+def _mapping_tree(opdef: _op.OpDef, params: list[Param]) -> list[tuple]:
+    """MagiCompiler's `param_mapping_tree`, built from opforge's."""
+    leaf_names = [a.name for a in opdef.lowered.flat.arguments]
+
+    def convert(node, t: TypeInfo):
+        if node[0] == "leaf":
+            return ("primitive", node[1], leaf_names[node[2]], None)
+        return ("dataclass", node[1], t.py, [convert(c, t.fields[c[1]]) for c in node[5]])
+
+    return [convert(node, p.type) for node, p in zip(opdef.lowered.params, params)]
+
+
+def _record_flags(op_name: str, compute_sensitive: bool, subgraph_boundary: bool) -> None:
+    if not (compute_sensitive or subgraph_boundary):
+        return
+    with _lock:
+        if compute_sensitive:
+            _compute_sensitive.append(op_name)
+        if subgraph_boundary:
+            _subgraph_boundary.append(op_name)
+    config = _magi_config_module()
+    if config is None:
+        return
+    # MagiCompiler's compiler reads these lists; keep them filled for users
+    # who still compile with magi_compile.
+    try:
+        compile_config = config.get_compile_config()
+        if compute_sensitive:
+            compile_config.recompute_config.custom_compute_sensitive_ops.append(op_name)
+        if subgraph_boundary:
+            compile_config.splitting_ops.append(op_name)
+    except Exception as e:  # an incompatible MagiCompiler release
+        warnings.warn(
+            f"{op_name}: could not add the op to MagiCompiler's compile config ({type(e).__name__}: {e}); "
+            f"opforge.compat.magi still lists it.",
+            stacklevel=4,
+        )
+
+
+def _magi_config_module():
+    module = sys.modules.get("magi_compiler.config")
+    if module is not None:
+        return module
+    try:
+        if importlib.util.find_spec("magi_compiler") is None:
+            return None
+        return importlib.import_module("magi_compiler.config")
+    except Exception:
+        return None
