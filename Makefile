@@ -19,7 +19,7 @@ $(VENV)/.opforge-deps: pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest hypothesis pyyaml numpy
+	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest hypothesis pyyaml numpy "triton==3.6.0"
 	@touch $@
 
 setup: $(VENV)/.opforge-deps gtest

@@ -105,7 +105,7 @@ TEST(SchemaParse, TorchScriptTypesParse) {
       "a::b(Any x, t y, Dict(str, t) z, Future(t) f, (int, str) tup, Storage s, Stream st, "
       "AnyEnumType e, RRef(t) r, Await(t) aw, Union(int, str) un, "
       "NoneType n, QScheme q, Capsule c, AnyClassType act, Quantizer qz, "
-      "__torch__.torch.classes.quantized.Conv2dPackedParamsBase p, Dimname d, Tensor?[]? o, "
+      "__torch__.torch.classes.quantized.Conv2dPackedParamsBase p, str d, Tensor?[]? o, "
       "int[][] ll, SymBool sb, Generator? g=None) -> ((str, t)[])";
   EXPECT_EQ(RoundTrip(s), s);
   FunctionSchema parsed = ParseSchema(s);
@@ -113,6 +113,11 @@ TEST(SchemaParse, TorchScriptTypesParse) {
   EXPECT_EQ(AnnotationStr(*parsed.arguments[4].type), "Tuple[int, str]");
   EXPECT_EQ(AnnotationStr(*parsed.arguments[18].type), "Optional[List[Optional[Tensor]]]");
   EXPECT_EQ(AnnotationStr(*parsed.returns[0].type), "List[Tuple[str, t]]");
+}
+
+TEST(SchemaParse, DimnameReadsAsStrAsInTorch) {
+  EXPECT_EQ(RoundTrip("aten::align_to(Tensor(a) self, Dimname[] names) -> Tensor(a)"),
+            "aten::align_to(Tensor(a) self, str[] names) -> Tensor(a)");
 }
 
 TEST(SchemaPrint, ReturnsNeedParenthesesUnlessSingle) {

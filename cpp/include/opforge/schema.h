@@ -74,7 +74,6 @@ enum class TypeKind : uint8_t {
   kMemoryFormat,
   kDevice,
   kGenerator,
-  kDimname,
   kStorage,
   kStream,
   kQScheme,

@@ -26,7 +26,6 @@ bool IsPlainLeafKind(TypeKind kind) {
     case TypeKind::kMemoryFormat:
     case TypeKind::kDevice:
     case TypeKind::kGenerator:
-    case TypeKind::kDimname:
     case TypeKind::kStream:
     case TypeKind::kClass:
       return true;
@@ -44,7 +43,6 @@ bool IsListElementKind(TypeKind kind) {
     case TypeKind::kBool:
     case TypeKind::kStr:
     case TypeKind::kScalar:
-    case TypeKind::kDimname:
     case TypeKind::kEnum:
     case TypeKind::kLiteral:
       return true;

@@ -4,10 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <iomanip>
+#include <cstdio>
 #include <limits>
 #include <set>
-#include <sstream>
 
 #include "opforge/error.h"
 #include "opforge/schema.h"
@@ -152,7 +151,6 @@ const char* LeafName(TypeKind kind, bool annotation) {
     case TypeKind::kMemoryFormat: return "MemoryFormat";
     case TypeKind::kDevice: return "Device";
     case TypeKind::kGenerator: return "Generator";
-    case TypeKind::kDimname: return "Dimname";
     case TypeKind::kStorage: return "Storage";
     case TypeKind::kStream: return "Stream";
     case TypeKind::kQScheme: return "QScheme";
@@ -177,23 +175,23 @@ std::string JoinTypes(const std::vector<TypePtr>& types, bool annotation) {
 }
 
 // c10::printQuotedString, including its handling of bytes >= 0x80.
-void PrintQuoted(std::ostream& out, const std::string& text) {
-  out << '"';
+void AppendQuoted(std::string& out, const std::string& text) {
+  out += '"';
   for (char c : text) {
     switch (c) {
-      case '\\': out << "\\\\"; break;
-      case '\'': out << "\\'"; break;
-      case '"': out << "\\\""; break;
-      case '\a': out << "\\a"; break;
-      case '\b': out << "\\b"; break;
-      case '\f': out << "\\f"; break;
-      case '\n': out << "\\n"; break;
-      case '\r': out << "\\r"; break;
-      case '\t': out << "\\t"; break;
-      case '\v': out << "\\v"; break;
+      case '\\': out += "\\\\"; break;
+      case '\'': out += "\\'"; break;
+      case '"': out += "\\\""; break;
+      case '\a': out += "\\a"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\v': out += "\\v"; break;
       default:
         if (c > 0x1f && c < 0x7f) {
-          out << c;
+          out += c;
         } else {
           // Same arithmetic as torch on a signed char, so non-ASCII bytes
           // print the way torch prints them.
@@ -204,67 +202,79 @@ void PrintQuoted(std::ostream& out, const std::string& text) {
           buf[1] = static_cast<char>(buf[1] + s % 8);
           s = static_cast<signed char>(s / 8);
           buf[0] = static_cast<char>(buf[0] + s);
-          out << '\\' << buf;
+          out += '\\';
+          out += buf;
         }
     }
   }
-  out << '"';
+  out += '"';
 }
 
-void PrintDouble(std::ostream& out, double d) {
+void AppendDouble(std::string& out, double d) {
   // torch's operator<<(ostream, IValue): integral doubles print as "3.".
   // The range check stands in for the x86 conversion torch relies on, which
   // maps out-of-range values to INT64_MIN.
   int c = std::fpclassify(d);
-  if ((c == FP_NORMAL || c == FP_ZERO) && d >= -9223372036854775808.0 &&
-      d < 9223372036854775808.0) {
+  if ((c == FP_NORMAL || c == FP_ZERO) && d >= -9223372036854775808.0 && d < 9223372036854775808.0) {
     auto i = static_cast<int64_t>(d);
     if (static_cast<double>(i) == d) {
-      out << i << ".";
+      out += std::to_string(i);
+      out += '.';
       return;
     }
   }
-  auto precision = out.precision();
-  out << std::setprecision(std::numeric_limits<double>::max_digits10) << d
-      << std::setprecision(static_cast<int>(precision));
+  // What an ostream with precision max_digits10 and the default float
+  // format prints (%g); written without iostreams to keep the core lean.
+  if (std::isnan(d)) {
+    out += std::signbit(d) ? "-nan" : "nan";
+    return;
+  }
+  if (std::isinf(d)) {
+    out += d < 0 ? "-inf" : "inf";
+    return;
+  }
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.*g", std::numeric_limits<double>::max_digits10, d);
+  out += buf;
 }
 
-void PrintValue(std::ostream& out, const Value& v, bool quote_strings) {
+void AppendValue(std::string& out, const Value& v, bool quote_strings) {
   switch (v.kind) {
-    case Value::Kind::kNone: out << "None"; break;
-    case Value::Kind::kBool: out << (v.b ? "True" : "False"); break;
-    case Value::Kind::kInt: out << v.i; break;
-    case Value::Kind::kDouble: PrintDouble(out, v.d); break;
+    case Value::Kind::kNone: out += "None"; break;
+    case Value::Kind::kBool: out += v.b ? "True" : "False"; break;
+    case Value::Kind::kInt: out += std::to_string(v.i); break;
+    case Value::Kind::kDouble: AppendDouble(out, v.d); break;
     case Value::Kind::kComplex:
-      PrintDouble(out, v.d);
-      out << (v.imag >= 0 ? "+" : "-");
-      PrintDouble(out, std::abs(v.imag));
-      out << "j";
+      AppendDouble(out, v.d);
+      out += v.imag >= 0 ? "+" : "-";
+      AppendDouble(out, std::abs(v.imag));
+      out += "j";
       break;
     case Value::Kind::kString:
       if (quote_strings) {
-        PrintQuoted(out, v.s);
+        AppendQuoted(out, v.s);
       } else {
-        out << v.s;
+        out += v.s;
       }
       break;
-    case Value::Kind::kDevice: out << v.s; break;
+    case Value::Kind::kDevice: out += v.s; break;
     case Value::Kind::kList:
-      out << "[";
+      out += "[";
       for (size_t i = 0; i < v.items.size(); ++i) {
-        if (i) out << ", ";
-        PrintValue(out, v.items[i], quote_strings);
+        if (i) out += ", ";
+        AppendValue(out, v.items[i], quote_strings);
       }
-      out << "]";
+      out += "]";
       break;
     case Value::Kind::kStruct:
-      out << "{";
+      out += "{";
       for (size_t i = 0; i < v.items.size(); ++i) {
-        if (i) out << ", ";
-        out << v.names[i] << "=";
-        PrintValue(out, v.items[i], /*quote_strings=*/true);
+        if (i) out += ", ";
+        out += v.names[i];
+        out += "=";
+        AppendValue(out, v.items[i], /*quote_strings=*/true);
       }
-      out << "}";
+      out += "}";
       break;
   }
 }
@@ -306,14 +316,12 @@ void AppendType(std::string& out, const Type& type) {
       out += ")";
       return;
     case TypeKind::kLiteral: {
-      std::ostringstream text;
-      text << "Literal[";
+      out += "Literal[";
       for (size_t i = 0; i < type.literals.size(); ++i) {
-        if (i) text << ", ";
-        PrintValue(text, type.literals[i], /*quote_strings=*/true);
+        if (i) out += ", ";
+        AppendValue(out, type.literals[i], /*quote_strings=*/true);
       }
-      text << "]";
-      out += text.str();
+      out += "]";
       return;
     }
     case TypeKind::kList:
@@ -395,33 +403,25 @@ std::string ToString(const AliasInfo& alias_info) {
 }
 
 std::string ValueToString(const Value& value) {
-  std::ostringstream out;
-  PrintValue(out, value, /*quote_strings=*/false);
-  return out.str();
+  std::string out;
+  AppendValue(out, value, /*quote_strings=*/false);
+  return out;
 }
 
 void AppendDefault(std::string& out, const Value& value, const Type& type) {
   const Type& unopt = type.unwrap_optional();
-  switch (value.kind) {
-    case Value::Kind::kNone: out += "None"; return;
-    case Value::Kind::kBool: out += value.b ? "True" : "False"; return;
-    case Value::Kind::kInt: out += std::to_string(value.i); return;
-    default: break;
-  }
-  std::ostringstream text;
   if (value.kind == Value::Kind::kString &&
       (unopt.kind == TypeKind::kStr || unopt.kind == TypeKind::kLiteral || unopt.kind == TypeKind::kEnum)) {
-    PrintQuoted(text, value.s);
+    AppendQuoted(out, value.s);
   } else if (type.kind == TypeKind::kList && type.element().kind == TypeKind::kInt &&
              value.kind == Value::Kind::kList && value.items.size() > 1) {
     // torch writes `int[2] stride=1` rather than `int[2] stride=[1, 1]`.
     bool same = true;
     for (const auto& item : value.items) same = same && item == value.items[0];
-    PrintValue(text, same ? value.items[0] : value, false);
+    AppendValue(out, same ? value.items[0] : value, false);
   } else {
-    PrintValue(text, value, false);
+    AppendValue(out, value, false);
   }
-  out += text.str();
 }
 
 std::string DefaultToString(const Value& value, const Type& type) {

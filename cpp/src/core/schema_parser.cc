@@ -250,7 +250,7 @@ std::string UnquoteString(const Lexer& L, const Token& tok) {
 }
 
 // The kind torch converts defaults with: ScalarType, Layout and MemoryFormat
-// defaults are ints, SymInt defaults ints, Dimname defaults strings.
+// defaults are ints, SymInt defaults ints.
 TypeKind FakeKind(TypeKind kind) {
   switch (kind) {
     case TypeKind::kSymInt:
@@ -260,8 +260,6 @@ TypeKind FakeKind(TypeKind kind) {
       return TypeKind::kInt;
     case TypeKind::kSymBool:
       return TypeKind::kBool;
-    case TypeKind::kDimname:
-      return TypeKind::kStr;
     default:
       return kind;
   }
@@ -273,7 +271,7 @@ struct LeafEntry {
 };
 
 const LeafEntry kLeafTypes[] = {
-    {"Generator", TypeKind::kGenerator},   {"Dimname", TypeKind::kDimname},
+    {"Generator", TypeKind::kGenerator},   {"Dimname", TypeKind::kStr}  /* as torch <= 2.12: a str */,
     {"ScalarType", TypeKind::kScalarType}, {"Layout", TypeKind::kLayout},
     {"MemoryFormat", TypeKind::kMemoryFormat}, {"Storage", TypeKind::kStorage},
     {"QScheme", TypeKind::kQScheme},       {"Quantizer", TypeKind::kQuantizer},

@@ -15,6 +15,7 @@
 #include <pybind11/pybind11.h>
 
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>

@@ -44,7 +44,6 @@ const char* KindName(TypeKind kind) {
     case TypeKind::kMemoryFormat: return "MemoryFormat";
     case TypeKind::kDevice: return "Device";
     case TypeKind::kGenerator: return "Generator";
-    case TypeKind::kDimname: return "Dimname";
     case TypeKind::kStorage: return "Storage";
     case TypeKind::kStream: return "Stream";
     case TypeKind::kQScheme: return "QScheme";
