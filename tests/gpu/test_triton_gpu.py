@@ -1,0 +1,242 @@
+"""Triton ops on a CUDA GPU (SPEC §3.2): eager results, and the graph that
+reaches Inductor under torch.compile(fullgraph=True).
+
+    python -m pytest tests/gpu/test_triton_gpu.py -v
+
+Each op body comes from tests/python/triton_helpers/ops.py, one per way of
+reaching a kernel. The Inductor backend used here is Inductor itself
+(`compile_fx`) with its inner compiler wrapped, so the test sees the
+AOTAutograd graph Inductor is handed before it compiles it.
+"""
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+triton = pytest.importorskip("triton")
+
+from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table  # noqa: E402
+
+import opforge  # noqa: E402
+from triton_helpers import kernels as K  # noqa: E402
+from triton_helpers import launchers, rebind  # noqa: E402
+from triton_helpers import ops as forms  # noqa: E402
+
+ADD_FORMS = list(forms.FORMS)
+EXPECTED_KERNEL = {
+    "add_autotuned": K.add_kernel_autotuned,
+    "add_heuristics_inside": K.add_kernel_heuristics_inside,
+}
+_counter = iter(range(10**6))
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return forms.define("tt_gpu")
+
+
+@pytest.fixture(autouse=True)
+def fresh_compile(monkeypatch):
+    """No cache may skip the compile whose graph a test inspects."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    for config, name, value in ((inductor_config, "force_disable_caches", True),
+                                (inductor_config, "fx_graph_cache", False),
+                                (functorch_config, "enable_autograd_cache", False)):
+        if hasattr(config, name):
+            monkeypatch.setattr(config, name, value)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def xy(n=1000):
+    torch.manual_seed(0)
+    return torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+
+
+def jit_function(kernel):
+    while not isinstance(kernel, triton.runtime.jit.JITFunction):
+        kernel = kernel.fn
+    return kernel
+
+
+class Inductor:
+    """torch.compile's Inductor backend, recording every graph it compiles."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        def inner_compile(graph_module, inputs, *args, **kwargs):
+            self.graphs.append(graph_module)
+            return compile_fx_inner(graph_module, inputs, *args, **kwargs)
+
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+
+    def kernel_nodes(self, index=0):
+        return [n for n in self.graphs[index].graph.nodes
+                if n.op == "call_function" and "triton_kernel_wrapper" in str(n.target)]
+
+    def kernels(self, index=0):
+        """The @triton.jit functions launched by graph `index` (0: forward)."""
+        return [jit_function(kernel_side_table.get_kernel(n.kwargs["kernel_idx"])) for n in self.kernel_nodes(index)]
+
+    def calls(self, op, index=0):
+        return any(n.target is op.overload for n in self.graphs[index].graph.nodes)
+
+
+def compiled(fn, backend, **options):
+    return torch.compile(fn, backend=backend, fullgraph=True, **options)
+
+
+def fresh(name):
+    return f"tt_gpu_misc::{name}_{next(_counter)}"
+
+
+@pytest.mark.parametrize("form", ADD_FORMS)
+def test_eager_result(ops, form):
+    op, reference = ops[form]
+    x, y = xy()
+    torch.testing.assert_close(op(x, y), reference(x, y))
+
+
+@pytest.mark.parametrize("form", ADD_FORMS)
+def test_inductor_sees_the_kernel_and_computes_the_result(ops, form):
+    op, reference = ops[form]
+    x, y = xy()
+    backend = Inductor()
+    f = compiled(lambda x, y: op(x, y) * 2 + 1, backend)
+    torch.testing.assert_close(f(x, y), reference(x, y) * 2 + 1)
+    assert backend.kernels() == [jit_function(EXPECTED_KERNEL.get(form, K.add_kernel))]
+    assert not backend.calls(op)
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+def test_the_stock_inductor_backend_gets_the_kernel_in_its_post_grad_graph(ops):
+    from torch._inductor import config as inductor_config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    seen = []
+
+    class Record(CustomGraphPass):
+        def __call__(self, graph):
+            seen.extend(str(n.target) for n in graph.nodes)
+
+        def uuid(self):
+            return f"opforge-record-{id(self)}"
+
+    op, _ = ops["add_module_global"]
+    x, y = xy()
+    with inductor_config.patch(post_grad_custom_post_pass=Record()):
+        f = torch.compile(lambda x, y: op(x, y) + 1, backend="inductor", fullgraph=True)
+        torch.testing.assert_close(f(x, y), x + y + 1)
+    assert any("triton_kernel_wrapper" in t for t in seen), seen
+
+
+def test_dataclass_parameter_eager_and_compiled(ops):
+    op, reference = ops["scale"]
+    x, _ = xy()
+    cfg = forms.ScaleCfg(factor=3.0, bias=0.5)
+    torch.testing.assert_close(op(x, cfg), reference(x, cfg))
+    backend = Inductor()
+    f = compiled(lambda x: op(x, forms.ScaleCfg(factor=3.0, bias=0.5)), backend)
+    torch.testing.assert_close(f(x), reference(x, cfg))
+    assert backend.kernels() == [K.scale_kernel]
+
+
+def test_backward_eager_and_compiled(ops):
+    op, _ = ops["scale_with_backward"]
+    cfg = forms.ScaleCfg(factor=2.5)
+    x = torch.randn(1000, device="cuda", requires_grad=True)
+    op(x, cfg).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.5))
+
+    x.grad = None
+    backend = Inductor()
+    f = compiled(lambda x: op(x, forms.ScaleCfg(factor=2.5)).sum(), backend)
+    f(x).backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.5))
+    assert backend.kernels(0) == [K.scale_kernel]
+
+
+def test_mutating_op_eager_and_compiled(ops):
+    op, _ = ops["add_into"]
+    x, y = xy()
+    out = torch.zeros_like(x)
+    op(x, y, out)
+    torch.testing.assert_close(out, x + y)
+
+    backend = Inductor()
+
+    def f(x, y):
+        out = torch.empty_like(x)
+        op(x, y, out)
+        return out * 2
+
+    torch.testing.assert_close(compiled(f, backend)(x, y), (x + y) * 2)
+    assert backend.kernels() == [K.add_kernel]
+
+
+def test_dynamic_shapes(ops):
+    op, _ = ops["add_module_global"]
+    backend = Inductor()
+    f = compiled(lambda x, y: op(x, y), backend, dynamic=True)
+    for n in (1000, 3000):
+        x, y = xy(n)
+        torch.testing.assert_close(f(x, y), x + y)
+    assert backend.kernels() == [K.add_kernel]
+
+
+def test_triton_op_calling_another_triton_op(ops):
+    inner, _ = ops["add_module_global"]
+
+    def body(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        n = x.numel()
+        K.sub_kernel[(triton.cdiv(n, 32),)](x, y, out, n, BLOCK=32)
+        return inner(out, y)
+
+    op = opforge.op(fresh("nested"))(body)
+    x, y = xy()
+    torch.testing.assert_close(op(x, y), x)
+    backend = Inductor()
+    torch.testing.assert_close(compiled(op, backend)(x, y), x)
+    assert backend.kernels() == [K.sub_kernel, K.add_kernel]
+
+
+def test_rebound_module_global_is_used_eagerly_and_compiled():
+    saved = rebind.current_kernel
+    try:
+        op = opforge.op(fresh("rebind"))(rebind.apply_current_kernel)
+        x, y = xy()
+        torch.testing.assert_close(op(x, y), x + y)
+        rebind.current_kernel = K.sub_kernel
+        torch.testing.assert_close(op(x, y), x - y)
+        backend = Inductor()
+        torch.testing.assert_close(compiled(op, backend)(x, y), x - y)
+        assert backend.kernels() == [K.sub_kernel]
+    finally:
+        rebind.current_kernel = saved
+
+
+def test_kernel_on_self_with_extra_kernels():
+    launcher = launchers.Launcher(K.sub_kernel)
+
+    def body(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return launcher.launch(x, y)
+
+    op = opforge.op(fresh("on_self"), extra_triton_kernels=(K.sub_kernel,))(body)
+    x, y = xy()
+    backend = Inductor()
+    torch.testing.assert_close(compiled(op, backend)(x, y), x - y)
+    assert backend.kernels() == [K.sub_kernel]
+
+
+def test_opcheck_passes(ops):
+    op, _ = ops["add_module_global"]
+    opforge.opcheck(op, xy(64))
