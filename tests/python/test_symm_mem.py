@@ -1,0 +1,527 @@
+"""Symmetric-memory arguments (SPEC §5): the tag registry, validation,
+the group_name warning, queries, forwarding to torch's native registry, and
+opforge's own Inductor lowering for torch without it.
+
+Comm buffers are CUDA-only, so on CPU Inductor's realization is observed
+where it ends: its codegen refuses a CPU comm buffer ("Comm buffer requires a
+valid CUDA device"). tests/gpu/test_symm_mem_gpu.py runs the real thing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from dataclasses import dataclass
+
+import pytest
+import torch
+from op_testing import ns  # noqa: F401
+from torch._inductor.utils import fresh_cache, run_and_get_code
+
+import opforge
+from opforge import _C, symm_mem
+
+Tensor = torch.Tensor
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NATIVE = symm_mem.has_native_registry()
+needs_native = pytest.mark.skipif(not NATIVE, reason="torch has no native symm-mem registry (2.13+)")
+# Inductor's message when asked to allocate a comm buffer on CPU: proof that it tried.
+COMM_BUFFER_ON_CPU = "Comm buffer requires a valid CUDA device"
+
+
+@dataclass(frozen=True)
+class Bufs:
+    w: Tensor
+    scale: float
+
+
+@dataclass(frozen=True)
+class Knobs:
+    scale: float
+
+
+@pytest.fixture
+def defined(ns):
+    """define(body, name=...) -> OpDef; its tags are forgotten after the test."""
+    names = []
+
+    def define(fn, name="op", fake=None):
+        op = opforge.op(f"{ns}::{name}", fake=fake)(fn)
+        names.append(op.name)
+        return op
+
+    yield define
+    for name in names:
+        symm_mem.forget(name)
+
+
+@pytest.fixture(params=["native", "lowering"])
+def path(request):
+    """Runs a test through torch's registry and through opforge's lowering."""
+    if request.param == "native" and not NATIVE:
+        pytest.skip("torch has no native symm-mem registry (2.13+)")
+    previous = symm_mem.set_mode(request.param)
+    yield request.param
+    symm_mem.set_mode(previous)
+
+
+@pytest.fixture
+def lowering_path():
+    previous = symm_mem.set_mode("lowering")
+    yield
+    symm_mem.set_mode(previous)
+
+
+def all_reduce_op(define, name="ar", group=True):
+    """A stand-in for a symmetric all-reduce: on one rank the sum is the input."""
+    if group:
+        def ar(input: Tensor, reduce_op: str, group_name: str) -> Tensor:
+            return input.clone()
+    else:
+        def ar(input: Tensor, reduce_op: str) -> Tensor:
+            return input.clone()
+
+    return define(ar, name, fake=lambda input, *args: torch.empty_like(input))
+
+
+def declare(op, names, **kwargs):
+    return symm_mem.declare(op.name, op.lowered, names, **kwargs)
+
+
+def compile_and_code(fn, *args):
+    torch._dynamo.reset()
+    with fresh_cache():
+        out, code = run_and_get_code(torch.compile(fn, fullgraph=True), *args)
+    return out, "\n".join(code)
+
+
+def lowering_of(op):
+    """Inductor's lowering of an OpDef or an OpOverload."""
+    from torch._inductor.lowering import lowerings
+
+    return lowerings.get(getattr(op, "overload", op))
+
+
+# Registry, validation and queries
+
+def test_names_resolve_to_flat_tensor_leaves_in_schema_order(defined):
+    def attn(q: Tensor, k: Tensor, bufs: Bufs, group_name: str) -> Tensor:
+        return q
+
+    op = defined(attn, "attn")
+    assert declare(op, ["k", "bufs"]) == ["k", "bufs__w"]
+    assert opforge.symm_mem.symm_mem_args(op.name) == ["k", "bufs__w"]
+    assert symm_mem.arg_tags(op.name) == {"k": ["symm_mem"], "bufs__w": ["symm_mem"]}
+    assert op.name in _C.ops_with_tag("symm_mem")
+
+
+def test_a_field_path_and_a_leaf_name_denote_the_same_argument(defined):
+    def attn(q: Tensor, bufs: Bufs, group_name: str) -> Tensor:
+        return q
+
+    op = defined(attn, "attn")
+    assert declare(op, ["bufs.w"]) == ["bufs__w"]
+    assert declare(op, ["bufs__w"]) == ["bufs__w"]
+
+
+def test_a_tensor_list_argument_can_be_symmetric(defined):
+    def gather(xs: list[Tensor], group_name: str) -> Tensor:
+        return xs[0]
+
+    assert declare(defined(gather, "gather"), ["xs"]) == ["xs"]
+
+
+def test_an_unknown_name_is_an_error_naming_the_op_and_the_fix(defined):
+    op = all_reduce_op(defined)
+    with pytest.raises(ValueError, match=rf"^{op.name}: symm_mem_args: 'inp' is not a parameter.*"
+                                         r"Name a parameter \(input, reduce_op, group_name\)"):
+        declare(op, ["inp"])
+    assert symm_mem.symm_mem_args(op.name) == []
+
+
+def test_a_non_tensor_argument_is_an_error(defined):
+    op = all_reduce_op(defined)
+    with pytest.raises(ValueError, match=r"'reduce_op' has type str; only Tensor arguments can be "
+                                         r"symm_mem_args\. Remove it from symm_mem_args\."):
+        declare(op, ["reduce_op"])
+
+
+def test_a_struct_without_tensor_fields_is_an_error(defined):
+    def scaled(x: Tensor, knobs: Knobs, group_name: str) -> Tensor:
+        return x
+
+    with pytest.raises(ValueError, match="'knobs' is a struct with no Tensor fields"):
+        declare(defined(scaled, "scaled"), ["knobs"])
+
+
+def test_a_string_instead_of_a_sequence_is_a_type_error(defined):
+    op = all_reduce_op(defined)
+    with pytest.raises(TypeError, match=r"Write symm_mem_args=\('input',\)"):
+        declare(op, "input")
+
+
+def test_a_failed_declaration_keeps_the_previous_one(defined):
+    op = all_reduce_op(defined)
+    declare(op, ["input"])
+    with pytest.raises(ValueError):
+        declare(op, ["input", "nope"])
+    assert symm_mem.symm_mem_args(op.name) == ["input"]
+
+
+def test_no_names_declare_nothing(defined):
+    op = all_reduce_op(defined)
+    assert declare(op, []) == []
+    assert symm_mem.arg_tags(op.name) == {}
+    assert symm_mem.handled_by(op.name) is None
+
+
+def test_a_missing_group_name_warns_that_automatic_realization_needs_it(defined):
+    op = all_reduce_op(defined, group=False)
+    with pytest.warns(UserWarning, match=rf"^{op.name}: symm_mem_args are declared but the op has no "
+                                         r"'group_name' argument; automatic realization .* needs one"):
+        assert declare(op, ["input"]) == ["input"]
+    assert symm_mem.symm_mem_args(op.name) == ["input"]
+
+
+def test_a_group_name_that_is_not_a_string_warns(defined):
+    def ar(input: Tensor, group_name: int) -> Tensor:
+        return input
+
+    with pytest.warns(UserWarning, match="argument 'group_name' has type SymInt; .* needs a str group_name"):
+        declare(defined(ar, "ar"), ["input"])
+
+
+def test_a_str_group_name_does_not_warn(defined):
+    op = all_reduce_op(defined)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        declare(op, ["input"])
+
+
+def test_arg_tags_shows_every_tag_of_the_generic_registry(defined):
+    def attn(q: Tensor, k: Tensor, group_name: str) -> Tensor:
+        return q
+
+    op = defined(attn, "attn")
+    _C.set_arg_tag(op.name, "pinned", ["q", "k"])
+    declare(op, ["k"])
+    assert symm_mem.arg_tags(op.name) == {"q": ["pinned"], "k": ["pinned", "symm_mem"]}
+    assert _C.args_with_tag(op.name, "pinned") == ["q", "k"]
+    symm_mem.forget(op.name)
+    assert symm_mem.arg_tags(op.name) == {"q": ["pinned"], "k": ["pinned"]}
+    _C.set_arg_tag(op.name, "pinned", [])
+
+
+def test_queries_of_an_untagged_op_are_empty():
+    assert symm_mem.symm_mem_args("nobody::nothing") == []
+    assert symm_mem.arg_tags("nobody::nothing") == {}
+
+
+def test_queries_need_a_qualified_name():
+    with pytest.raises(ValueError, match="must have the form 'namespace::name'"):
+        symm_mem.symm_mem_args("all_reduce")
+
+
+def test_redeclaring_replaces_the_names(defined, path):
+    def two(a: Tensor, b: Tensor, group_name: str) -> Tensor:
+        return a + b
+
+    op = defined(two, "two")
+    declare(op, ["a"])
+    declare(op, ["b"])
+    assert symm_mem.symm_mem_args(op.name) == ["b"]
+    if path == "native":
+        assert list(native_entry(op.name).get()) == ["b"]
+
+
+def test_forget_drops_the_tags_and_what_they_installed(defined, path):
+    op = all_reduce_op(defined)
+    declare(op, ["input"])
+    symm_mem.forget(op.name)
+    assert symm_mem.symm_mem_args(op.name) == []
+    assert symm_mem.handled_by(op.name) is None
+    if path == "native":
+        assert native_entry(op.name).get() is None
+
+
+# torch's native registry (2.13+)
+
+def native_entry(name):
+    from torch._library.simple_registry import singleton
+
+    return singleton.find(name).symm_mem_args
+
+
+@needs_native
+def test_auto_mode_forwards_to_the_native_registry(defined):
+    assert symm_mem.mode() == "auto"
+    op = all_reduce_op(defined)
+    declare(op, ["input"])
+    assert symm_mem.handled_by(op.name) == "native"
+    assert list(native_entry(op.name).get()) == ["input"]
+    assert not getattr(lowering_of(op), "_opforge_symm_mem", None)
+
+
+@needs_native
+def test_the_native_registration_lives_with_the_given_library(defined):
+    op = all_reduce_op(defined)
+    lib = torch.library.Library(op.name.split("::")[0], "FRAGMENT")
+    declare(op, ["input"], lib=lib)
+    assert list(native_entry(op.name).get()) == ["input"]
+    lib._destroy()
+    assert native_entry(op.name).get() is None
+
+
+@needs_native
+def test_uninstall_undoes_the_native_registration_and_sync_restores_it(defined):
+    op = all_reduce_op(defined)
+    declare(op, ["input"])
+    assert op.name in symm_mem.uninstall()
+    assert native_entry(op.name).get() is None
+    assert symm_mem.symm_mem_args(op.name) == ["input"]  # the declaration stays in the core
+    assert op.name in symm_mem.sync()
+    assert list(native_entry(op.name).get()) == ["input"]
+
+
+@needs_native
+def test_ops_registered_with_torch_directly_are_reported(ns):
+    lib = torch.library.Library(ns, "FRAGMENT")
+    lib.define("ar(Tensor input, str reduce_op, str group_name) -> Tensor")
+    lib.register_symm_mem_args("ar", ["input"])
+    assert symm_mem.symm_mem_args(f"{ns}::ar") == ["input"]
+    assert symm_mem.arg_tags(f"{ns}::ar") == {"input": ["symm_mem"]}
+    lib._destroy()
+
+
+@pytest.mark.skipif(NATIVE, reason="torch has the native registry")
+def test_native_mode_needs_the_native_registry():
+    with pytest.raises(RuntimeError, match="has no native symm-mem registry.*Use 'auto' or 'lowering'"):
+        symm_mem.set_mode("native")
+
+
+def test_an_unknown_mode_is_an_error():
+    with pytest.raises(ValueError, match="unknown mode 'fast'. Use one of auto, native, lowering"):
+        symm_mem.set_mode("fast")
+
+
+# opforge's Inductor lowering (torch without the native registry)
+
+def test_the_lowering_is_installed_and_removed(defined, lowering_path):
+    import torch._inductor.lowering as L
+
+    op = all_reduce_op(defined)
+    assert op.overload not in L.lowerings
+    declare(op, ["input"])
+    assert symm_mem.handled_by(op.name) == "lowering"
+    assert lowering_of(op)._opforge_symm_mem == op.name
+    if NATIVE:
+        assert native_entry(op.name).get() is None
+    assert op.name in symm_mem.uninstall()
+    assert op.overload not in L.lowerings
+    assert op.overload not in L.fallbacks and op.overload not in L._maybe_layout_constraints
+    symm_mem.sync()
+    assert lowering_of(op)._opforge_symm_mem == op.name
+
+
+def test_the_lowering_wraps_an_existing_lowering_and_restores_it(defined, lowering_path):
+    op = all_reduce_op(defined)
+    x = torch.ones(3)
+    compile_and_code(lambda t: op(t + 1, "sum", "0"), x)  # Inductor makes its own fallback
+    fallback = lowering_of(op)
+    assert getattr(fallback, "_opforge_symm_mem", None) is None
+    declare(op, ["input"])
+    assert lowering_of(op) is not fallback
+    symm_mem.forget(op.name)
+    assert lowering_of(op) is fallback
+
+
+def test_installing_twice_changes_nothing(defined, lowering_path):
+    op = all_reduce_op(defined)
+    declare(op, ["input"])
+    installed = lowering_of(op)
+    declare(op, ["input"])
+    assert symm_mem.sync() == []
+    assert lowering_of(op) is installed
+
+
+def test_switching_modes_moves_every_op(defined):
+    op = all_reduce_op(defined)
+    declare(op, ["input"])
+    previous = symm_mem.set_mode("lowering")
+    try:
+        assert symm_mem.handled_by(op.name) == "lowering"
+        assert lowering_of(op)._opforge_symm_mem == op.name
+    finally:
+        symm_mem.set_mode(previous)
+    assert symm_mem.handled_by(op.name) == ("native" if NATIVE else "lowering")
+    if NATIVE:
+        assert getattr(lowering_of(op), "_opforge_symm_mem", None) is None
+        assert list(native_entry(op.name).get()) == ["input"]
+
+
+def test_sync_picks_up_tags_set_in_the_core(ns, lowering_path):
+    # What OPFORGE_LIBRARY's .symm_mem_args() leaves behind: a spec and a tag in the core.
+    lib = torch.library.Library(ns, "FRAGMENT")
+    lib.define("ar(Tensor input, str reduce_op, str group_name) -> Tensor")
+    lowered = _C.lower(f"{ns}::ar(Tensor input, str reduce_op, str group_name) -> Tensor", [])
+    _C.add_op_spec(lowered)
+    _C.set_arg_tag(f"{ns}::ar", "symm_mem", _C.resolve_tensor_args(lowered, ["input"], "symm_mem_args"))
+    try:
+        assert symm_mem.sync() == [f"{ns}::ar"]
+        assert lowering_of(getattr(torch.ops, ns).ar.default)._opforge_symm_mem == f"{ns}::ar"
+        assert symm_mem.sync() == []
+    finally:
+        _C.remove_op_spec(f"{ns}::ar")
+        symm_mem.sync()
+    assert symm_mem.handled_by(f"{ns}::ar") is None
+    lib._destroy()
+
+
+def test_the_lowering_leaves_untagged_ops_alone(defined, lowering_path, caplog):
+    op = all_reduce_op(defined)
+    declare(op, ["input"])
+    _C.set_arg_tag(op.name, "symm_mem", [])  # tags gone, lowering not yet removed
+    caplog.set_level(logging.DEBUG, logger="opforge.symm_mem")
+    out, _ = compile_and_code(lambda t: op(t * 2, "sum", "0"), torch.ones(4))
+    assert torch.equal(out, torch.full((4,), 2.0))
+    assert "opforge.symm_mem" not in [r.name for r in caplog.records]
+
+
+def test_the_lowering_passes_cpu_tensors_through(defined, lowering_path, caplog):
+    op = all_reduce_op(defined)
+    declare(op, ["input"])
+    caplog.set_level(logging.DEBUG, logger="opforge.symm_mem")
+    out, code = compile_and_code(lambda t: op(t * 2 + 1, "sum", "0"), torch.ones(4))
+    assert torch.equal(out, torch.full((4,), 3.0))
+    assert f"torch.ops.{op.name.replace('::', '.')}.default(" in code
+    assert "empty_strided_p2p(" not in code
+    assert f"{op.name}: argument 'input' is on cpu, where Inductor has no symmetric memory" in caplog.text
+
+
+# Inductor realizes the tagged producer as a symmetric comm buffer
+
+@pytest.fixture
+def cpu_comm_buffers(monkeypatch):
+    """Lets opforge's lowering realize CPU tensors, as torch's own registry does."""
+    monkeypatch.setattr(symm_mem, "_COMM_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
+
+
+def assert_realized_as_comm_buffer(fn, *args):
+    try:
+        _, code = compile_and_code(fn, *args)
+    except Exception as e:  # torch's CPU codegen stops at the comm buffer
+        assert COMM_BUFFER_ON_CPU in str(e)
+    else:
+        assert "empty_strided_p2p(" in code
+
+
+def test_the_tagged_producer_becomes_a_comm_buffer(defined, path, cpu_comm_buffers):
+    op = all_reduce_op(defined)
+    declare(op, ["input"])
+    assert_realized_as_comm_buffer(lambda t: op(t * 2 + 1, "sum", "0"), torch.ones(8))
+
+
+def test_every_item_of_a_tagged_tensor_list_becomes_a_comm_buffer(defined, path, cpu_comm_buffers):
+    def gather(xs: list[Tensor], group_name: str) -> Tensor:
+        return torch.cat(xs)
+
+    op = defined(gather, "gather", fake=lambda xs, group_name: torch.cat(xs))
+    declare(op, ["xs"])
+    assert_realized_as_comm_buffer(lambda a, b: op([a * 2, b + 1], "0"), torch.ones(4), torch.ones(4))
+
+
+def test_without_group_name_nothing_is_realized(defined, path, cpu_comm_buffers):
+    op = all_reduce_op(defined, group=False)
+    with pytest.warns(UserWarning, match="no 'group_name' argument"):
+        declare(op, ["input"])
+    out, code = compile_and_code(lambda t: op(t * 2 + 1, "sum"), torch.ones(4))
+    assert torch.equal(out, torch.full((4,), 3.0))
+    assert "empty_strided_p2p(" not in code
+
+
+def test_an_untagged_argument_is_not_realized(defined, path, cpu_comm_buffers):
+    def two(a: Tensor, b: Tensor, group_name: str) -> Tensor:
+        return a + b
+
+    op = defined(two, "two", fake=lambda a, b, group_name: torch.empty_like(a))
+    declare(op, ["b"])
+    out, code = compile_and_code(lambda x, y: op(x * 2, y, "0"), torch.ones(4), torch.ones(4))
+    assert torch.equal(out, torch.full((4,), 3.0))  # b is a graph input: warned about, passed as is
+
+
+def test_a_graph_input_cannot_be_realized_and_is_reported(defined, lowering_path, cpu_comm_buffers, caplog):
+    op = all_reduce_op(defined)
+    declare(op, ["input"])
+    out, _ = compile_and_code(lambda t: op(t, "sum", "0"), torch.ones(4))
+    assert torch.equal(out, torch.ones(4))
+    assert f"{op.name}: argument 'input' cannot be allocated in symmetric memory by Inductor" in caplog.text
+
+
+# Import cost and automatic pick-up
+
+def run_python(code: str) -> str:
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                            timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_declaring_defers_the_lowering_until_inductor_is_imported():
+    out = run_python("""
+        import sys, torch, opforge
+        from opforge import symm_mem
+
+        symm_mem.set_mode("lowering")
+
+        @opforge.op("late::ar")
+        def ar(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
+            return input.clone()
+
+        symm_mem.declare(ar.name, ar.lowered, ["input"])
+        print("inductor imported:", "torch._inductor.lowering" in sys.modules)
+        from torch._inductor.lowering import lowerings
+        print("installed:", lowerings[ar.overload]._opforge_symm_mem)
+    """)
+    assert out.splitlines() == ["inductor imported: False", "installed: late::ar"]
+
+
+def test_ops_tagged_in_the_core_are_picked_up_when_inductor_is_imported():
+    out = run_python("""
+        import torch, opforge
+        from opforge import _C, symm_mem
+
+        schema = "cpp_like::ar(Tensor input, str reduce_op, str group_name) -> Tensor"
+        lib = torch.library.Library("cpp_like", "DEF")
+        lib.define(schema.split("::")[1])
+        lowered = _C.lower(schema, [])
+        _C.add_op_spec(lowered)
+        _C.set_arg_tag("cpp_like::ar", "symm_mem", ["input"])
+        import torch._inductor.lowering
+        print(symm_mem.handled_by("cpp_like::ar"))
+    """)
+    assert out.strip() == ("native" if NATIVE else "lowering")
+
+
+def test_the_example_explains_itself_without_two_gpus():
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        pytest.skip("this machine can run the example for real")
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "symm_mem_allreduce.py")],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "needs 2 CUDA GPUs" in result.stdout
+
+
+def test_the_decorator_declares_symm_mem_args(ns):
+    @opforge.op(f"{ns}::ar", symm_mem_args=("input",))
+    def ar(input: Tensor, reduce_op: str, group_name: str) -> Tensor:
+        return input.clone()
+
+    try:
+        assert opforge.symm_mem.symm_mem_args(ar.name) == ["input"]
+        assert symm_mem.handled_by(ar.name) == ("native" if NATIVE else "lowering")
+    finally:
+        symm_mem.forget(ar.name)
