@@ -14,13 +14,14 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 import os as _os
 
-from . import _C, handles
+from . import _C, handles, symm_mem
 from ._cpp_ops import ops, structs
 from ._op import OpDef, op, opcheck
 from ._types import HandleAnnotation as _HandleAnnotation
+from .symm_mem import arg_tags, symm_mem_args
 
-__all__ = ["Handle", "OpDef", "cmake_prefix_path", "handles", "op", "opcheck", "ops", "set_fast_path_enabled",
-           "structs"]
+__all__ = ["Handle", "OpDef", "arg_tags", "cmake_prefix_path", "handles", "op", "opcheck", "ops",
+           "set_fast_path_enabled", "structs", "symm_mem", "symm_mem_args"]
 
 # For C++ kernel libraries: cmake -DCMAKE_PREFIX_PATH=<this> ... then find_package(opforge).
 cmake_prefix_path = _os.path.dirname(_C.__file__)

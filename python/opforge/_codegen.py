@@ -4,28 +4,40 @@ mapping tree.
 For `attn(q: Tensor, cfg: AttnCfg, mode: Literal["a", "b"] = "a") -> Tensor`
 lowered to `(Tensor q, float cfg__scale, bool cfg__causal, str mode="a")`:
 
-    def attn(q, cfg, mode=_D2):                      # the op, as users call it
-        if type(mode) is not str or mode not in _A2: _bad(2, mode)
-        if not _compiling():
-            _r = _fp((q,), q, cfg, mode)              # eager fast path (C++)
-            if _r is not _NI: ...
-        return _op(q, cfg.scale, cfg.causal, mode)    # the dispatcher path
+    def _call(_self, q, cfg, mode=_D1):                  # OpDef.__call__
+        if type(mode) is not str or mode not in _A2: _bad3(mode)
+        if _compiling():
+            _r = _NI
+        else:
+            _r = _fp((q,), q, cfg, mode)                  # the eager fast path (C++)
+            if _r is not _NI and _r is not _AG:
+                return _r
+        _l1 = cfg.scale
+        _l2 = cfg.causal
+        if _r is _AG:                                     # a gradient is needed
+            return _autograd((q,), (q, cfg, mode))
+        return _op(q, _l1, _l2, mode)                     # the dispatcher path
 
-    def kernel(q, cfg__scale, cfg__causal, mode="a"):  # what torch calls
-        cfg = _cache1.get((cfg__scale, cfg__causal)) ... or _S1(scale=..., causal=...)
-        return _fn(q, cfg, mode)
+    def _make_kernel(_fn):
+        def kernel(q, cfg__scale, cfg__causal, mode=_F4): # what the dispatcher calls
+            _o = _fn(q, <the AttnCfg cached for these leaves, or a new one>, mode)
+            return _o
+        return kernel
 
-Sources are plain text (see `OpCode.source`), so they can be printed and read.
+Only `_call` and `_make_kernel` are generated when the op is defined; the
+helpers autograd, fake tensors and opcheck need are generated on first use.
+Ops whose generated source is the same share its compiled code.
+`OpCode.source` prints all of it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import inspect
-import keyword
-from dataclasses import dataclass, field
-from typing import Any
+import linecache
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -61,20 +73,16 @@ class Leaf:
 
 
 @dataclass
-class OpCode:
-    source: str
-    call: Any
-    make_kernel: Any  # fn (original signature) -> flat kernel
-    make_fake_kernel: Any  # the same, handles passed as ints
-    flat_full: Any  # flat kernel signature -> tuple of every leaf
-    rebuild_inputs: Any  # every leaf -> tuple of original arguments
-    flatten_output: Any  # original output -> flat output
-    rebuild_output: Any  # flat output -> original output
-    flatten_grads: Any  # per-parameter grads -> per-leaf grads
-    flatten_call: Any  # original call -> (positional leaves, keyword-only leaves)
-    body_positional: Any  # fn(*all original args) honouring keyword-only params
-    tensor_leaf_positions: list[int]  # indices of Tensor-like leaves in flat order
-    namespace: dict = field(default_factory=dict)
+class Site:
+    """One leaf as reached from its parameter: `cfg.inner.w` for leaf
+    `cfg__inner__w`; `value` is None-guarded for optional structs on the way."""
+
+    index: int
+    expr: str
+    value: str
+    type: TypeInfo
+    where: str
+    guarded: bool
 
 
 class _Writer:
@@ -86,16 +94,110 @@ class _Writer:
         self.lines.append("    " * self.indent + text if text else "")
 
     def block(self):
-        writer = self
+        return _Block(self)
 
-        class _Block:
-            def __enter__(self):
-                writer.indent += 1
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
 
-            def __exit__(self, *exc):
-                writer.indent -= 1
 
-        return _Block()
+class _Block:
+    __slots__ = ("writer",)
+
+    def __init__(self, writer: _Writer):
+        self.writer = writer
+
+    def __enter__(self):
+        self.writer.indent += 1
+
+    def __exit__(self, *exc):
+        self.writer.indent -= 1
+
+
+# Compiled module code by source text: ops with the same signature shape
+# compile once.
+_CODE_CACHE: dict[str, types.CodeType] = {}
+
+
+def _compile(source: str, filename: str) -> types.CodeType:
+    code = _CODE_CACHE.get(source)
+    if code is None:
+        code = compile(source, "<opforge>", "exec")
+        if len(_CODE_CACHE) >= 4096:
+            _CODE_CACHE.clear()
+        _CODE_CACHE[source] = code
+    return _retarget(code, filename)
+
+
+def _retarget(code: types.CodeType, filename: str) -> types.CodeType:
+    """The same code, reported under `filename` in tracebacks."""
+    consts = code.co_consts
+    if any(isinstance(c, types.CodeType) for c in consts):
+        consts = tuple(_retarget(c, filename) if isinstance(c, types.CodeType) else c for c in consts)
+        return code.replace(co_filename=filename, co_consts=consts)
+    return code.replace(co_filename=filename)
+
+
+# Chunk name -> the function it defines.
+_CHUNKS = {
+    "call": "_call",
+    "make_kernel": "_make_kernel",
+    "make_fake_kernel": "_make_fake_kernel",
+    "flatten_call": "_flatten_call",
+    "flat_full": "_flat_full",
+    "rebuild_inputs": "_rebuild_inputs",
+    "flatten_output": "_flatten_output",
+    "rebuild_output": "_rebuild_output",
+    "body_positional": "_body_positional",
+}
+
+
+class OpCode:
+    """The generated functions of one op. `call` and `make_kernel` exist from
+    the start; the other attributes are generated on first use."""
+
+    def __init__(self, builder: "Builder"):
+        self._builder = builder
+        self.namespace = builder.ns
+        self._sources: dict[str, str] = {}
+        self.tensor_leaf_positions = [i for i, leaf in enumerate(builder.leaves) if _is_tensor_text(leaf.type_text)]
+        if not builder.leaf_returns:
+            self._function("rebuild_output")  # `call` uses it
+        self.call = self._function("call")
+        self.make_kernel = self._function("make_kernel")
+
+    def _function(self, chunk: str) -> Callable:
+        name = _CHUNKS[chunk]
+        fn = self.namespace.get(name)
+        if fn is None:
+            source = getattr(self._builder, "chunk_" + chunk)()
+            op = self._builder.op_name
+            filename = f"<opforge {op}>" if chunk == "call" else f"<opforge {op} {chunk}>"
+            code = _compile(source, filename)
+            exec(code, self.namespace)  # noqa: S102
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            self._sources[chunk] = source
+            fn = self.namespace[name]
+        return fn
+
+    def __getattr__(self, name: str):
+        # make_fake_kernel, flatten_call, flat_full, rebuild_inputs,
+        # flatten_output, rebuild_output, body_positional: generated on first
+        # use, then plain attributes.
+        if name in _CHUNKS:
+            fn = self._function(name)
+        elif name == "flatten_grads":
+            fn = _make_flatten_grads(self._builder)
+        else:
+            raise AttributeError(name)
+        setattr(self, name, fn)
+        return fn
+
+    @property
+    def source(self) -> str:
+        """Every generated function, in a fixed order."""
+        for chunk in _CHUNKS:
+            self._function(chunk)
+        return "\n".join(self._sources[c] for c in _CHUNKS)
 
 
 class Builder:
@@ -107,23 +209,40 @@ class Builder:
         self.return_nodes = return_nodes
         self.return_types = return_types
         self.num_flat_returns = num_flat_returns
+        self.leaf_returns = all(n[0] == "leaf" for n in return_nodes)
         self.ns: dict[str, Any] = {}
-        self.fake_mode = False
-        self.w = _Writer()
+        self._ids: dict[tuple[str, int], str] = {}
         self._counter = 0
+        self._sites: dict[str, list[Site]] = {}
+        self.has_fast_path = False
 
     def const(self, prefix: str, value: Any) -> str:
-        for k, v in self.ns.items():
-            if v is value and k.startswith("_" + prefix):
-                return k
+        """A name for `value` in the generated code's namespace."""
+        key = (prefix, id(value))
+        name = self._ids.get(key)
+        if name is not None and self.ns[name] is value:
+            return name
         self._counter += 1
         name = f"_{prefix}{self._counter}"
         self.ns[name] = value
+        self._ids[key] = name
         return name
 
     def tmp(self, prefix: str = "t") -> str:
         self._counter += 1
         return f"_{prefix}{self._counter}"
+
+    def build(self, fast_path, needs_autograd, op_overload, autograd_apply) -> OpCode:
+        self.ns.update(
+            _compiling=torch.compiler.is_compiling,
+            _NI=NotImplemented,
+            _fp=fast_path,
+            _op=op_overload,
+            _AG=needs_autograd,
+            _autograd=autograd_apply,
+        )
+        self.has_fast_path = fast_path is not None
+        return OpCode(self)
 
     # --- signatures -------------------------------------------------------
 
@@ -146,34 +265,131 @@ class Builder:
         return ", ".join(parts)
 
     def flat_call_args(self, exprs: list[str]) -> str:
-        return ", ".join(
-            f"{leaf.name}={e}" if leaf.kw_only else e for leaf, e in zip(self.leaves, exprs)
-        )
+        return ", ".join(f"{leaf.name}={e}" if leaf.kw_only else e for leaf, e in zip(self.leaves, exprs))
 
     def original_call_args(self, exprs: list[str]) -> str:
         return ", ".join(f"{p.name}={e}" if p.kw_only else e for p, e in zip(self.params, exprs))
 
+    # --- leaves as seen from the original arguments -----------------------
+
+    def sites(self, p: Param) -> list[Site]:
+        """Every non-presence leaf of `p`, depth-first."""
+        found = self._sites.get(p.name)
+        if found is None:
+            found = []
+            self._walk(p.node, p.type, p.name, [], f"parameter '{p.name}'", found, p.name)
+            self._sites[p.name] = found
+        return found
+
+    def _walk(self, node, t: TypeInfo, expr: str, guards: list[str], where: str, out: list[Site], pname: str):
+        if node[0] == "leaf":
+            value = expr
+            for g in reversed(guards):
+                value = f"(None if {g} is None else {value})"
+            out.append(Site(node[2], expr, value, t, where, bool(guards)))
+            return
+        guards = guards + [expr] if node[3] else guards
+        qual = t.py.__qualname__
+        for child in node[5]:
+            name = child[1]
+            self._walk(child, t.fields[name], f"{expr}.{name}", guards,
+                       f"parameter '{pname}', field {qual}.{name}", out, pname)
+
+    # --- validation ---------------------------------------------------------
+
+    def emit_validation(self, w: _Writer):
+        """Enum arguments become members (the body gets members), Literal
+        values are checked. Runs before the fast path and under Dynamo."""
+        for p in self.params:
+            if p.node[0] == "leaf":
+                leaf = self.leaves[p.node[2]]
+                if leaf.enum is None:
+                    continue
+                cls = self.const("E", leaf.enum)
+                to_member = self.const("to_member", _make_to_member(self.op_name, f"parameter '{p.name}'", leaf.enum))
+                if p.type.kind == "list":
+                    conv = f"[_e if type(_e) is {cls} else {to_member}(_e) for _e in {p.name}]"
+                    w.line(f"{p.name} = {conv}" if not p.type.optional else f"if {p.name} is not None: {p.name} = {conv}")
+                else:
+                    guard = f"{p.name} is not None and " if p.type.optional else ""
+                    w.line(f"if {guard}type({p.name}) is not {cls}: {p.name} = {to_member}({p.name})")
+                continue
+            # Enum fields of a struct: rebuild the struct with members when a
+            # raw value was passed (rare; the check is a few `type(..) is`).
+            conds = []
+            for site in self.sites(p):
+                leaf = self.leaves[site.index]
+                if leaf.enum is None:
+                    continue
+                cls = self.const("E", leaf.enum)
+                if site.type.kind == "list":
+                    conds.append(f"any(type(_e) is not {cls} for _e in ({site.value} or ()))")
+                elif site.type.optional or site.guarded:
+                    var = self.tmp("v")
+                    conds.append(f"(({var} := {site.value}) is not None and type({var}) is not {cls})")
+                else:
+                    conds.append(f"type({site.expr}) is not {cls}")
+            if conds:
+                norm = self.const("members", _make_struct_normalizer(self.op_name, p))
+                guard = f"{p.name} is not None and " if p.node[3] else ""
+                w.line(f"if {guard}({' or '.join(conds)}): {p.name} = {norm}({p.name})")
+        for p in self.params:
+            for site in self.sites(p):
+                leaf = self.leaves[site.index]
+                if leaf.allowed and leaf.enum is None:
+                    self.emit_literal_check(w, site, leaf)
+
+    def emit_literal_check(self, w: _Writer, site: Site, leaf: Leaf):
+        allowed = self.const("A", frozenset(leaf.allowed))
+        raw_type = "str" if isinstance(leaf.allowed[0], str) else "int"
+        bad = self.const("bad", _make_bad_literal(self.op_name, site.where, leaf.allowed))
+        if site.type.kind == "list":
+            w.line(f"for _e in ({site.value} or ()):")  # None for an absent optional list
+            with w.block():
+                w.line(f"if type(_e) is not {raw_type} or _e not in {allowed}: {bad}(_e)")
+            return
+        expr = site.expr
+        if site.type.optional or site.guarded:
+            expr = self.tmp("v")
+            w.line(f"{expr} = {site.value}")
+            w.line(f"if {expr} is not None and (type({expr}) is not {raw_type} or {expr} not in {allowed}): "
+                   f"{bad}({expr})")
+            return
+        w.line(f"if type({expr}) is not {raw_type} or {expr} not in {allowed}: {bad}({expr})")
+
     # --- flatten: original arguments -> leaf expressions -------------------
 
-    def flatten_node(self, node: tuple, expr: str, t: TypeInfo, out: dict[int, str], path: str):
-        w = self.w
+    def emit_flatten(self, w: _Writer) -> list[str]:
+        """Lines that compute every leaf; returns one expression per leaf."""
+        out: dict[int, str] = {}
+        for p in self.params:
+            self._flatten_node(w, p.node, p.name, p.type, out, f"parameter '{p.name}'", top=True)
+        return [out[i] for i in range(len(self.leaves))]
+
+    def _flatten_node(self, w: _Writer, node: tuple, expr: str, t: TypeInfo, out: dict[int, str], where: str,
+                      top: bool = False):
         if node[0] == "leaf":
             index = node[2]
             leaf = self.leaves[index]
             value = expr
             if leaf.enum is not None:
-                value = self.emit_enum_value(expr, leaf, t, index, path)
+                # Validation made every enum value a member.
+                inner = f"[_e.value for _e in {expr}]" if t.kind == "list" else f"{expr}.value"
+                value = f"(None if {expr} is None else {inner})" if t.optional else inner
             elif leaf.handle:
                 cls = self.const("C", t.py)
-                value = (f"({self.const('traced_handle', handles.traced_handle)}({expr}) if _compiling() "
-                         f"else {self.const('handle_for', handles.handle_for)}({expr}, {cls}))")
+                at = self.const("W", where)
+                value = (f"({self.const('traced_handle', handles.traced_handle)}({expr}, {cls}, {at}) if _compiling() "
+                         f"else {self.const('handle_for', handles.handle_for)}({expr}, {cls}, {at}))")
                 if t.optional:
                     value = f"(None if {expr} is None else {value})"
             out[index] = value
             return
         _, _name, _struct, optional, presence, children = node
-        var = self.tmp("s")
-        w.line(f"{var} = {expr}")
+        var = expr if top else self.tmp("s")
+        if not top:
+            w.line(f"{var} = {expr}")
+        qual = t.py.__qualname__
         if optional:
             w.line(f"if {var} is None:")
             with w.block():
@@ -182,56 +398,33 @@ class Builder:
             w.line("else:")
             with w.block():
                 w.line(f"_l{presence} = True")
-                self._flatten_children(children, var, t, path)
+                self._flatten_children(w, children, var, t, where, qual)
         else:
-            self._flatten_children(children, var, t, path)
+            self._flatten_children(w, children, var, t, where, qual)
         for i in _leaf_indices(node):
             out[i] = f"_l{i}"
 
-    def _flatten_children(self, children, var, t: TypeInfo, path):
+    def _flatten_children(self, w: _Writer, children, var: str, t: TypeInfo, where: str, qual: str):
+        pname = where.split(",")[0]
         for child in children:
-            ft = t.fields[child[1]]
             sub: dict[int, str] = {}
-            self.flatten_node(child, f"{var}.{child[1]}", ft, sub, f"{path}.{child[1]}")
+            self._flatten_node(w, child, f"{var}.{child[1]}", t.fields[child[1]], sub,
+                               f"{pname}, field {qual}.{child[1]}")
             for i, e in sub.items():
                 if e != f"_l{i}":
-                    self.w.line(f"_l{i} = {e}")
-
-    def emit_enum_value(self, expr: str, leaf: Leaf, t: TypeInfo, index: int, path: str) -> str:
-        """The raw value of an enum leaf. Top-level enum parameters were
-        normalized to members already; fields may hold a member or a value."""
-        is_param = "." not in expr
-        if is_param:
-            if t.kind == "list":
-                inner = f"[_e.value for _e in {expr}]"
-            else:
-                inner = f"{expr}.value"
-        else:
-            conv = self.const("to_raw", _make_to_raw(self.op_name, path, leaf.enum))
-            inner = f"[{conv}(_e) for _e in {expr}]" if t.kind == "list" else f"{conv}({expr})"
-        return f"(None if {expr} is None else {inner})" if t.optional else inner
-
-    def emit_literal_check(self, expr: str, leaf: Leaf, t: TypeInfo, index: int, path: str,
-                           may_be_none: bool = False):
-        allowed = self.const("A", frozenset(leaf.allowed))
-        raw_type = "str" if isinstance(leaf.allowed[0], str) else "int"
-        bad = self.const("bad", _make_bad_literal(self.op_name, path, leaf.allowed))
-        if t.kind == "list":
-            self.w.line(f"for _e in ({expr} or ()):")  # None for an absent optional list
-            with self.w.block():
-                self.w.line(f"if type(_e) is not {raw_type} or _e not in {allowed}: {bad}(_e)")
-            return
-        if may_be_none:
-            var = self.tmp("v")
-            self.w.line(f"{var} = {expr}")
-            expr = var
-        guard = f"{expr} is not None and " if may_be_none else ""
-        self.w.line(f"if {guard}(type({expr}) is not {raw_type} or {expr} not in {allowed}): {bad}({expr})")
+                    w.line(f"_l{i} = {e}")
 
     # --- rebuild: leaves -> original arguments -----------------------------
 
-    def rebuild_node(self, node: tuple, t: TypeInfo, leaf_expr) -> str:
+    def rebuild_node(self, node: tuple, t: TypeInfo, leaf_expr: Callable[[int], str], fake: bool = False,
+                     where: str = "", output: bool = False, cache: bool = False) -> str:
+        """An expression for the original value of `node` from leaf
+        expressions. `output`: the leaves are the op's flat returns. `cache`:
+        reuse struct instances (real kernels only: fake kernels and traced
+        code see SymInts, which cannot key a dict)."""
         if node[0] == "leaf":
+            if output:
+                return leaf_expr(node[2])
             leaf = self.leaves[node[2]]
             e = leaf_expr(node[2])
             if leaf.enum is not None:
@@ -240,31 +433,35 @@ class Builder:
                     inner = f"[{table}[_e] for _e in {e}]"
                     return f"(None if {e} is None else {inner})" if t.optional else inner
                 return f"(None if {e} is None else {table}[{e}])" if t.optional else f"{table}[{e}]"
-            if leaf.handle and not self.fake_mode:
+            if leaf.handle and not fake:
                 # Fake kernels get the handle itself: they must not touch the runner.
                 resolve = self.const("resolve", handles.resolve)
                 cls = self.const("C", t.py)
-                return f"(None if {e} is None else {resolve}({e}, {cls}))" if t.optional else f"{resolve}({e}, {cls})"
+                at = self.const("W", f"{self.op_name}: {where}")
+                call = f"{resolve}({e}, {cls}, {at})"
+                return f"(None if {e} is None else {call})" if t.optional else call
             return e
         _, _name, _struct, optional, presence, children = node
         info = STRUCTS[t.py]
         cls = self.const("S", t.py)
+        pname = where.split(",")[0]
         kwargs = []
         for child in children:
-            kwargs.append(f"{child[1]}={self.rebuild_node(child, t.fields[child[1]], leaf_expr)}")
+            sub = self.rebuild_node(child, t.fields[child[1]], leaf_expr, fake,
+                                    f"{pname}, field {t.py.__qualname__}.{child[1]}", output, cache)
+            kwargs.append(f"{child[1]}={sub}")
         construct = f"{cls}({', '.join(kwargs)})"
-        indices = _leaf_indices(node)
-        if _cacheable(info, [self.leaves[i] for i in indices if not self.leaves[i].is_presence]):
+        indices = [i for i in _leaf_indices(node) if not self.leaves[i].is_presence] if cache else []
+        if cache and _cacheable(info, [self.leaves[i] for i in indices]):
+            # An all-scalar frozen struct: reuse the instance built for the
+            # same leaf values instead of calling the constructor again.
             cache = self.const("cache", {})
-            get = self.const("cached", _cached)
-            key_leaves = [leaf_expr(i) for i in indices if not self.leaves[i].is_presence]
-            construct = f"{get}({cache}, ({', '.join(key_leaves)},), lambda: {construct})"
-            zero_floats = [leaf_expr(i) for i in indices if self.leaves[i].type_text.startswith("float")]
-            if zero_floats:
-                # 0.0 == -0.0, so a zero float must not hit the cache.
-                plain = f"{cls}({', '.join(kwargs)})"
-                cond = " and ".join(f"{z}" for z in zero_floats)
-                construct = f"({construct} if {cond} else {plain})"
+            store = self.const("store", _store)
+            key = self.tmp("k")
+            got = self.tmp("c")
+            keys = ", ".join(leaf_expr(i) for i in indices)
+            construct = (f"({got} if ({got} := {cache}.get({key} := ({keys},))) is not None "
+                         f"else {store}({cache}, {key}, {construct}))")
         if optional:
             return f"({construct} if {leaf_expr(presence)} else None)"
         return construct
@@ -273,22 +470,22 @@ class Builder:
 
     def output_expr(self, flat_var: str) -> str:
         """flat op output -> original output"""
-        if all(n[0] == "leaf" for n in self.return_nodes):
+        if self.leaf_returns:
             return flat_var
         single = self.num_flat_returns == 1
         item = (lambda i: flat_var) if single else (lambda i: f"{flat_var}[{i}]")
-        parts = [self.rebuild_node(n, rt, item) for n, rt in zip(self.return_nodes, self.return_types)]
+        parts = [self.rebuild_node(n, rt, item, where="return value", output=True)
+                 for n, rt in zip(self.return_nodes, self.return_types)]
         return parts[0] if len(self.return_nodes) == 1 else f"({', '.join(parts)},)"
 
     def flatten_output_expr(self, var: str) -> str:
         """original output -> flat output"""
-        if all(n[0] == "leaf" for n in self.return_nodes):
+        if self.leaf_returns:
             return var
         exprs: dict[int, str] = {}
         many = len(self.return_nodes) > 1
         for k, node in enumerate(self.return_nodes):
-            base = f"{var}[{k}]" if many else var
-            self._flatten_return(node, base, exprs)
+            self._flatten_return(node, f"{var}[{k}]" if many else var, exprs)
         ordered = [exprs[i] for i in range(self.num_flat_returns)]
         return ordered[0] if self.num_flat_returns == 1 else f"({', '.join(ordered)},)"
 
@@ -299,205 +496,131 @@ class Builder:
         for child in node[5]:
             self._flatten_return(child, f"{expr}.{child[1]}", out)
 
-    # --- the whole module ---------------------------------------------------
-
-    def build(self, fast_path, needs_autograd, op_overload, autograd_apply) -> OpCode:
-        w = self.w
-        ns = self.ns
-        ns.update(
-            _compiling=torch.compiler.is_compiling,
-            _NI=NotImplemented,
-            _fp=fast_path,
-            _op=op_overload,
-            _AG=needs_autograd,
-            _autograd=autograd_apply,
-        )
-        tensor_positions = [i for i, leaf in enumerate(self.leaves) if _is_tensor_text(leaf.type_text)]
-        opname = _py_ident(self.op_name.split("::")[1])
-
-        # The op as users call it: OpDef.__call__, hence `_self`.
-        w.line(f"def {opname}(_self, {self.original_signature()}):")
-        with w.block():
-            self.emit_validation()
-            if fast_path is not None:
-                self.emit_fast_path(tensor_positions)
-            leaf_exprs: dict[int, str] = {}
-            for p in self.params:
-                self.flatten_node(p.node, p.name, p.type, leaf_exprs, f"parameter '{p.name}'")
-            exprs = [leaf_exprs[i] for i in range(len(self.leaves))]
-            w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
-        w.line()
-
-        # The dispatcher-path arguments, for opcheck and tests.
-        w.line(f"def _flatten_call({self.original_signature()}):")
-        with w.block():
-            self.emit_validation()
-            leaf_exprs = {}
-            for p in self.params:
-                self.flatten_node(p.node, p.name, p.type, leaf_exprs, f"parameter '{p.name}'")
-            pos = [leaf_exprs[i] for i, leaf in enumerate(self.leaves) if not leaf.kw_only]
-            kw = [f"{leaf.name!r}: {leaf_exprs[i]}" for i, leaf in enumerate(self.leaves) if leaf.kw_only]
-            w.line(f"return ({', '.join(pos)}{',' if len(pos) == 1 else ''}), {{{', '.join(kw)}}}")
-        w.line()
-
-        # fn (original signature) -> flat kernel.
-        w.line("def _make_kernel(_fn):")
-        with w.block():
-            w.line(f"def kernel({self.flat_signature()}):")
-            with w.block():
-                args = [self.rebuild_node(p.node, p.type, lambda i: self.leaves[i].name) for p in self.params]
-                w.line(f"_o = _fn({self.original_call_args(args)})")
-                w.line(f"return {self.flatten_output_expr('_o')}")
-            w.line("return kernel")
-        w.line()
-
-        # The same for fake kernels: handles stay ints.
-        self.fake_mode = True
-        w.line("def _make_fake_kernel(_fn):")
-        with w.block():
-            w.line(f"def fake_kernel({self.flat_signature()}):")
-            with w.block():
-                args = [self.rebuild_node(p.node, p.type, lambda i: self.leaves[i].name) for p in self.params]
-                w.line(f"_o = _fn({self.original_call_args(args)})")
-                w.line(f"return {self.flatten_output_expr('_o')}")
-            w.line("return fake_kernel")
-        w.line()
-        self.fake_mode = False
-
-        w.line(f"def _flat_full({self.flat_signature()}):")
-        with w.block():
-            names = [leaf.name for leaf in self.leaves]
-            w.line(f"return ({', '.join(names)}{',' if len(names) == 1 else ''})")
-        w.line()
-
-        w.line("def _rebuild_inputs(_leaves):")
-        with w.block():
-            args = [self.rebuild_node(p.node, p.type, lambda i: f"_leaves[{i}]") for p in self.params]
-            w.line(f"return ({', '.join(args)}{',' if len(args) == 1 else ''})")
-        w.line()
-
-        w.line("def _flatten_output(_o):")
-        with w.block():
-            w.line(f"return {self.flatten_output_expr('_o')}")
-        w.line()
-
-        w.line("def _rebuild_output(_o):")
-        with w.block():
-            w.line(f"return {self.output_expr('_o')}")
-        w.line()
-
-        w.line("def _body_positional(_fn, *_a):")
-        with w.block():
-            w.line(f"return _fn({self.original_call_args([f'_a[{i}]' for i in range(len(self.params))])})")
-        w.line()
-
-        source = "\n".join(w.lines) + "\n"
-        code = compile(source, f"<opforge {self.op_name}>", "exec")
-        exec(code, ns)  # noqa: S102
-        return OpCode(
-            source=source,
-            call=ns[opname],
-            make_kernel=ns["_make_kernel"],
-            make_fake_kernel=ns["_make_fake_kernel"],
-            flat_full=ns["_flat_full"],
-            rebuild_inputs=ns["_rebuild_inputs"],
-            flatten_output=ns["_flatten_output"],
-            rebuild_output=ns["_rebuild_output"],
-            flatten_grads=_make_flatten_grads(self),
-            flatten_call=ns["_flatten_call"],
-            body_positional=ns["_body_positional"],
-            tensor_leaf_positions=tensor_positions,
-            namespace=ns,
-        )
-
     def _wrap_output(self, expr: str) -> str:
-        if all(n[0] == "leaf" for n in self.return_nodes):
-            return expr
-        return f"_rebuild_output({expr})"
+        return expr if self.leaf_returns else f"_rebuild_output({expr})"
 
-    # --- validation and the fast path ----------------------------------------
+    # --- the chunks -----------------------------------------------------------
 
-    def leaf_value(self, param: Param, index: int) -> str:
-        """An expression for leaf `index` of `param`, straight from the
-        original argument (None when an optional struct above it is None)."""
+    def chunk_call(self) -> str:
+        """The op as users call it: OpDef.__call__, hence `_self`."""
+        w = _Writer()
+        w.line(f"def _call(_self, {self.original_signature()}):")
+        with w.block():
+            self.emit_validation(w)
+            body_args = self.emit_fast_path(w) if self.has_fast_path else None
+            exprs = self.emit_flatten(w)
+            if body_args is not None:
+                tensors = [e for leaf, e in zip(self.leaves, exprs) if _is_tensor_text(leaf.type_text)]
+                leaves_tuple = ", ".join(tensors) + ("," if len(tensors) == 1 else "")
+                args_tuple = ", ".join(body_args) + ("," if len(body_args) == 1 else "")
+                w.line("if _r is _AG:")
+                with w.block():
+                    w.line(f"return {self._wrap_output(f'_autograd(({leaves_tuple}), ({args_tuple}))')}")
+            w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
+        return w.text()
 
-        def walk(node, expr, guards):
-            if node[0] == "leaf":
-                if node[2] != index:
-                    return None
-                value = expr
-                for g in reversed(guards):
-                    value = f"(None if {g} is None else {value})"
-                return value
-            for child in node[5]:
-                found = walk(child, f"{expr}.{child[1]}", guards + ([expr] if node[3] else []))
-                if found is not None:
-                    return found
-            return None
-
-        return walk(param.node, param.name, [])
-
-    def _param_of_leaf(self, index: int) -> Param:
+    def emit_fast_path(self, w: _Writer) -> list[str]:
+        """The C++ fast path runs the body when nothing could intercept the
+        dispatcher call; `_AG` says a gradient is needed (the flat arguments
+        then go to the autograd bridge). Returns the body's arguments."""
+        tensors = []
         for p in self.params:
-            if index in _leaf_indices(p.node):
-                return p
-        raise KeyError(index)
-
-    def emit_validation(self):
-        w = self.w
-        for p in self.params:
-            if p.node[0] != "leaf":
-                continue
-            leaf = self.leaves[p.node[2]]
-            if leaf.enum is None:
-                continue
-            # Enum parameters: the body gets the member, the schema the value.
-            cls = self.const("E", leaf.enum)
-            to_member = self.const("to_member", _make_to_member(self.op_name, f"parameter '{p.name}'", leaf.enum))
-            if p.type.kind == "list":
-                conv = f"[_e if type(_e) is {cls} else {to_member}(_e) for _e in {p.name}]"
-                w.line(f"{p.name} = {conv}" if not p.type.optional else f"if {p.name} is not None: {p.name} = {conv}")
-            else:
-                guard = f"{p.name} is not None and " if p.type.optional else ""
-                w.line(f"if {guard}type({p.name}) is not {cls}: {p.name} = {to_member}({p.name})")
-        for i, leaf in enumerate(self.leaves):
-            if leaf.allowed and leaf.enum is None:
-                p = self._param_of_leaf(i)
-                path = self.leaves[i].name
-                t = _leaf_type(p, i)
-                expr = self.leaf_value(p, i)
-                where = f"parameter '{p.name}'" if p.node[0] == "leaf" else f"parameter '{p.name}', field {path.split('__', 1)[1].replace('__', '.')}"
-                self.emit_literal_check(expr, leaf, t, i, where, may_be_none=t.optional or expr.startswith("("))
-
-    def emit_fast_path(self, tensor_positions: list[int]):
-        w = self.w
-        tensors = [self.leaf_value(self._param_of_leaf(i), i) for i in tensor_positions]
+            for site in self.sites(p):
+                if _is_tensor_text(self.leaves[site.index].type_text):
+                    tensors.append(site.value)
         body_args = []
         for p in self.params:
             leaf = self.leaves[p.node[2]] if p.node[0] == "leaf" else None
             if leaf is not None and leaf.handle:
-                check = self.const("check_handle", _check_handle)
-                value = f"{check}({p.name}, {self.const('C', p.type.py)})"
+                check = self.const("checked", handles.checked)
+                at = self.const("W", f"{self.op_name}: parameter '{p.name}'")
+                value = f"{check}({p.name}, {self.const('C', p.type.py)}, {at})"
                 body_args.append(f"(None if {p.name} is None else {value})" if p.type.optional else value)
             else:
                 body_args.append(p.name)
-        flat_exprs = []
-        w.line("if not _compiling():")
+        tup = ", ".join(tensors) + ("," if len(tensors) == 1 else "")
+        w.line("if _compiling():")
         with w.block():
-            tup = ", ".join(tensors) + ("," if len(tensors) == 1 else "")
+            w.line("_r = _NI")
+        w.line("else:")
+        with w.block():
             w.line(f"_r = _fp(({tup}), {', '.join(body_args)})")
-            w.line("if _r is not _NI:")
+            w.line("if _r is not _NI and _r is not _AG:")
             with w.block():
-                w.line("if _r is _AG:")
-                with w.block():
-                    leaf_exprs: dict[int, str] = {}
-                    for p in self.params:
-                        self.flatten_node(p.node, p.name, p.type, leaf_exprs, f"parameter '{p.name}'")
-                    flat_exprs = [leaf_exprs[i] for i in range(len(self.leaves))]
-                    leaves_tuple = ", ".join(flat_exprs) + ("," if len(flat_exprs) == 1 else "")
-                    args_tuple = ", ".join(body_args) + ("," if len(body_args) == 1 else "")
-                    w.line(f"return {self._wrap_output(f'_autograd(({leaves_tuple}), ({args_tuple}))')}")
                 w.line("return _r")
+        return body_args
+
+    def _kernel_chunk(self, factory: str, kernel: str, fake: bool) -> str:
+        w = _Writer()
+        w.line(f"def {factory}(_fn):")
+        with w.block():
+            w.line(f"def {kernel}({self.flat_signature()}):")
+            with w.block():
+                args = [self.rebuild_node(p.node, p.type, lambda i: self.leaves[i].name, fake, f"parameter '{p.name}'",
+                                          cache=not fake)
+                        for p in self.params]
+                w.line(f"_o = _fn({self.original_call_args(args)})")
+                w.line(f"return {self.flatten_output_expr('_o')}")
+            w.line(f"return {kernel}")
+        return w.text()
+
+    def chunk_make_kernel(self) -> str:
+        """fn (original signature) -> flat kernel."""
+        return self._kernel_chunk("_make_kernel", "kernel", fake=False)
+
+    def chunk_make_fake_kernel(self) -> str:
+        """The same for fake kernels: handles stay ints."""
+        return self._kernel_chunk("_make_fake_kernel", "fake_kernel", fake=True)
+
+    def chunk_flatten_call(self) -> str:
+        """The dispatcher-path arguments, for opcheck and tests."""
+        w = _Writer()
+        w.line(f"def _flatten_call({self.original_signature()}):")
+        with w.block():
+            self.emit_validation(w)
+            exprs = self.emit_flatten(w)
+            pos = [e for leaf, e in zip(self.leaves, exprs) if not leaf.kw_only]
+            kw = [f"{leaf.name!r}: {e}" for leaf, e in zip(self.leaves, exprs) if leaf.kw_only]
+            w.line(f"return ({', '.join(pos)}{',' if len(pos) == 1 else ''}), {{{', '.join(kw)}}}")
+        return w.text()
+
+    def chunk_flat_full(self) -> str:
+        w = _Writer()
+        w.line(f"def _flat_full({self.flat_signature()}):")
+        with w.block():
+            names = [leaf.name for leaf in self.leaves]
+            w.line(f"return ({', '.join(names)}{',' if len(names) == 1 else ''})")
+        return w.text()
+
+    def chunk_rebuild_inputs(self) -> str:
+        w = _Writer()
+        w.line("def _rebuild_inputs(_leaves):")
+        with w.block():
+            args = [self.rebuild_node(p.node, p.type, lambda i: f"_leaves[{i}]", where=f"parameter '{p.name}'")
+                    for p in self.params]
+            w.line(f"return ({', '.join(args)}{',' if len(args) == 1 else ''})")
+        return w.text()
+
+    def chunk_flatten_output(self) -> str:
+        w = _Writer()
+        w.line("def _flatten_output(_o):")
+        with w.block():
+            w.line(f"return {self.flatten_output_expr('_o')}")
+        return w.text()
+
+    def chunk_rebuild_output(self) -> str:
+        w = _Writer()
+        w.line("def _rebuild_output(_o):")
+        with w.block():
+            w.line(f"return {self.output_expr('_o')}")
+        return w.text()
+
+    def chunk_body_positional(self) -> str:
+        w = _Writer()
+        w.line("def _body_positional(_fn, *_a):")
+        with w.block():
+            w.line(f"return _fn({self.original_call_args([f'_a[{i}]' for i in range(len(self.params))])})")
+        return w.text()
 
 
 def _leaf_indices(node) -> list[int]:
@@ -510,16 +633,20 @@ def _leaf_indices(node) -> list[int]:
 
 
 def _cacheable(info, leaves: list[Leaf]) -> bool:
-    return info.all_scalar and all(leaf.type_text.rstrip("?") in _HASHABLE_LEAF for leaf in leaves)
+    return info.all_scalar and all(
+        leaf.type_text.rstrip("?") in _HASHABLE_LEAF and not leaf.handle for leaf in leaves
+    )
 
 
-def _cached(cache: dict, key: tuple, make):
-    value = cache.get(key)
-    if value is None:
-        value = make()
-        if len(cache) >= 256:
-            cache.clear()
-        cache[key] = value
+def _store(cache: dict, key: tuple, value):
+    # 0.0 == -0.0 and 1 == 1.0 == True: a key must not stand for values that
+    # rebuild differently, so keys holding a zero float are not kept.
+    for k in key:
+        if type(k) is float and k == 0.0:
+            return value
+    if len(cache) >= 256:
+        cache.clear()
+    cache[key] = value
     return value
 
 
@@ -527,22 +654,10 @@ def _is_tensor_text(text: str) -> bool:
     return text.startswith("Tensor")
 
 
-def _py_ident(name: str) -> str:
-    return name + "_" if keyword.iskeyword(name) else name
-
-
-def _make_to_raw(op: str, where: str, cls: type):
-    by_value = ENUMS[cls].by_value
-
-    def to_raw(value):
-        if isinstance(value, cls):
-            return value.value
-        if type(value) in (str, int) and value in by_value:
-            return value
-        allowed = ", ".join(f"{cls.__qualname__}.{m.name}" for m in cls)
-        raise ValueError(f"{op}: {where}: {value!r} is not a member or value of {cls.__qualname__}. Pass one of {allowed}.")
-
-    return to_raw
+def _enum_error(op: str, where: str, cls: type, value) -> ValueError:
+    allowed = ", ".join(f"{cls.__qualname__}.{m.name}" for m in cls)
+    return ValueError(f"{op}: {where}: {value!r} is not a member or value of {cls.__qualname__}. "
+                      f"Pass one of {allowed}.")
 
 
 def _make_to_member(op: str, where: str, cls: type):
@@ -553,23 +668,43 @@ def _make_to_member(op: str, where: str, cls: type):
             return value
         if type(value) in (str, int) and value in by_value:
             return by_value[value]
-        allowed = ", ".join(f"{cls.__qualname__}.{m.name}" for m in cls)
-        raise ValueError(f"{op}: {where}: {value!r} is not a member or value of {cls.__qualname__}. Pass one of {allowed}.")
+        raise _enum_error(op, where, cls, value)
 
     return to_member
 
 
-def _leaf_type(param: Param, index: int) -> TypeInfo:
-    def walk(node, t):
-        if node[0] == "leaf":
-            return t if node[2] == index else None
-        for child in node[5]:
-            found = walk(child, t.fields[child[1]])
-            if found is not None:
-                return found
-        return None
+def _make_struct_normalizer(op: str, param: Param):
+    """A function that rebuilds a struct argument with enum members where the
+    caller passed raw values (and rejects values that are neither)."""
 
-    return walk(param.node, param.type)
+    def member(cls, value, where):
+        if isinstance(value, cls):
+            return value
+        by_value = ENUMS[cls].by_value
+        if type(value) in (str, int) and value in by_value:
+            return by_value[value]
+        raise _enum_error(op, where, cls, value)
+
+    def normalize(obj, t: TypeInfo):
+        changes = {}
+        for name, ft in t.fields.items():
+            value = getattr(obj, name)
+            where = f"parameter '{param.name}', field {t.py.__qualname__}.{name}"
+            if value is None:
+                continue
+            if ft.kind == "enum":
+                new = member(ft.py, value, where)
+            elif ft.kind == "list" and ft.element.kind == "enum":
+                new = [member(ft.element.py, v, where) for v in value]
+            elif ft.kind == "struct":
+                new = normalize(value, ft)
+            else:
+                continue
+            if new is not value:
+                changes[name] = new
+        return dataclasses.replace(obj, **changes) if changes else obj
+
+    return lambda obj: normalize(obj, param.type)
 
 
 def _make_bad_literal(op: str, where: str, allowed: tuple):
@@ -579,37 +714,46 @@ def _make_bad_literal(op: str, where: str, allowed: tuple):
     return bad
 
 
-def _check_handle(obj, cls):
-    if not isinstance(obj, cls):
-        raise TypeError(f"expected a {cls.__qualname__} for a Handle[{cls.__qualname__}] parameter, "
-                        f"got {type(obj).__qualname__}.")
-    return obj
-
-
 def _make_flatten_grads(builder: Builder):
-    """per-original-parameter grads -> per-leaf grads (backward is not hot)."""
+    """per-original-parameter grads -> per-leaf grads."""
     params = builder.params
-    nleaves = len(builder.leaves)
+    leaves = builder.leaves
     op = builder.op_name
+    is_tensor = [_is_tensor_text(leaf.type_text) for leaf in leaves]
+    top = [(p, p.node[2] if p.node[0] == "leaf" else None) for p in params]
+
+    def not_a_tensor(grad, where):
+        return TypeError(f"{op}: backward returned a {type(grad).__name__} for {where}, which is not a Tensor "
+                         f"argument; return None there.")
 
     def assign(node, t, grad, out, where):
         if node[0] == "leaf":
+            if grad is not None and not is_tensor[node[2]]:
+                raise not_a_tensor(grad, where)
             out[node[2]] = grad
             return
         for child in node[5]:
             name = child[1]
+            field_where = f"{where.split(',')[0]}, field {t.py.__qualname__}.{name}"
             if grad is None:
                 sub = None
             elif isinstance(grad, dict):
                 sub = grad.get(name)
-            elif dataclasses.is_dataclass(grad) or hasattr(grad, name):
+            elif isinstance(grad, t.py) or (dataclasses.is_dataclass(grad) and hasattr(grad, name)):
                 sub = getattr(grad, name)
             else:
                 raise TypeError(
-                    f"{op}: backward returned {type(grad).__name__} for {where}; "
+                    f"{op}: backward returned a {type(grad).__name__} for {where}; "
                     f"return None, a {t.py.__qualname__} or a dict keyed by field name."
                 )
-            assign(child, t.fields[name], sub, out, f"{where}.{name}")
+            assign(child, t.fields[name], sub, out, field_where)
+        if isinstance(grad, dict):
+            unknown = set(grad) - {child[1] for child in node[5]}
+            if unknown:
+                raise TypeError(
+                    f"{op}: backward returned a dict for {where} with keys {sorted(unknown)} that are not "
+                    f"fields of {t.py.__qualname__}; use its field names."
+                )
 
     def flatten_grads(grads):
         if not isinstance(grads, tuple):
@@ -620,9 +764,16 @@ def _make_flatten_grads(builder: Builder):
                 f"{op}: backward returned {len(grads)} gradient(s) but the op has {len(params)} "
                 f"parameter(s) ({names}); return one per parameter, None where there is none."
             )
-        out = [None] * nleaves
-        for p, g in zip(params, grads):
-            assign(p.node, p.type, g, out, f"parameter '{p.name}'")
-        return tuple(out)
+        out = [None] * len(leaves)
+        for (p, index), g in zip(top, grads):
+            if g is None:
+                continue
+            if index is None:
+                assign(p.node, p.type, g, out, f"parameter '{p.name}'")
+            else:
+                if not is_tensor[index]:
+                    raise not_a_tensor(g, f"parameter '{p.name}'")
+                out[index] = g
+        return out
 
     return flatten_grads

@@ -13,7 +13,9 @@ dispatch key, and is atomic: an error leaves nothing behind.
 
 from __future__ import annotations
 
+import collections
 import inspect
+import re
 import sys
 import typing
 from dataclasses import dataclass
@@ -80,15 +82,6 @@ class _State:
     has_tensor_returns: bool
 
 
-@dataclass
-class _Meta:
-    """The last argument of the autograd.Function: how to run the forward."""
-
-    keyset: Any  # DispatchKeySet on the dispatcher path; None when called directly
-    args: tuple  # original arguments (direct path)
-    kwargs: dict
-
-
 def op(
     name: str,
     *,
@@ -137,6 +130,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
 
     regs = Registrations()
     lib = None
+    symm_mem_declared = False
     try:
         body = fn
         plan = _triton_plan(name, fn, triton, extra_triton_kernels)
@@ -147,41 +141,50 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
                 fake = plan.traced_body
         params, ret_types, spec = _build_spec(name, fn, regs, _caller)
         lowered = _C.lower(spec, list(mutates_args))
-        for warning in lowered.warnings:
+        view = _LoweredView(lowered)
+        for warning in view.warnings:
             import warnings
 
             warnings.warn(f"{name}: {warning}", stacklevel=3)
         ns, opname = name.split("::")
+        leaves = _leaves(view, params)
         lib = torch.library.Library(ns, "FRAGMENT")
-        flat_schema = lowered.schema
-        lib.define(flat_schema[len(ns) + 2:], tags=(*tag_list, torch.Tag.pt2_compliant_tag))
+        lib.define(_definable(view.schema)[len(ns) + 2:], tags=(*tag_list, torch.Tag.pt2_compliant_tag))
         overload = getattr(getattr(torch.ops, ns), opname).default
+        if symm_mem_args:
+            from . import symm_mem
+
+            symm_mem.declare(name, lowered, symm_mem_args, lib=lib, stacklevel=4)
+            symm_mem_declared = True
 
         state = _State(fn=body, fake=fake, backward=backward, setup_context=setup_context,
-                       has_tensor_returns=len(lowered.flat.returns) > 0)
-        leaves = _leaves(lowered, params)
+                       has_tensor_returns=len(view.flat_returns) > 0)
+        if any(leaf.handle for leaf in leaves):
+            from . import handles
+
+            handles._decide_trace_time_registration()
         mutated_positions = [i for i, leaf in enumerate(leaves) if leaf.mutated]
 
         needs_autograd = object()
         tensor_positions = [i for i, leaf in enumerate(leaves) if leaf.type_text.startswith("Tensor")]
-        kwnames = tuple(p.name for p in params if p.kw_only)
         fast = _C.FastPath(
             default_kernel=body if devices is None else None,
             kernels={d: body for d in devices} if devices is not None else {},
-            kwnames=kwnames,
+            kwnames=tuple(p.name for p in params if p.kw_only),
             mutated=tuple(tensor_positions.index(i) for i in mutated_positions),
             has_backward=backward is not None and not mutated_positions,
             needs_autograd=needs_autograd,
         )
-        builder = Builder(name, params, leaves, list(lowered.returns), ret_types, len(lowered.flat.returns))
-        holder: dict[str, Any] = {}
-        code = builder.build(fast, needs_autograd, overload, lambda leaves_, args_: holder["autograd"](leaves_, args_))
+        builder = Builder(name, params, leaves, view.returns, ret_types, len(view.flat_returns))
+        holder: list = []
+        code = builder.build(fast, needs_autograd, overload,
+                             lambda tensors, args: _apply_direct(holder[0], tensors, args))
 
         opdef = _make_opdef(name, fn, overload, spec, lowered, state, code, lib)
+        holder.append(opdef)
         opdef._registrations = []
-        holder["autograd"] = lambda leaves_, args_: _apply_direct(opdef, leaves_, args_)
-        opdef.__dict__.update(_fast=fast, _mutated=mutated_positions, _params=params,
-                              _device_kernels=bool(devices))
+        opdef.__dict__.update(_fast=fast, _mutated=mutated_positions, _params=params, _view=view,
+                              _device_kernels=bool(devices), _function=None, _has_autograd=False)
 
         if devices is None:
             lib.impl(opname, code.make_kernel(body), "CompositeExplicitAutograd")
@@ -190,9 +193,9 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
                 lib.impl(opname, code.make_kernel(body), _dispatch_key(name, d))
         if plan is not None:
             _install_triton_decomposition(opdef, plan)
-        lib._register_fake(opname, code.make_fake_kernel(_fake_dispatch(name, state)))
+        _register_fake(lib, name, _lazy_fake_kernel(code, _fake_dispatch(name, state)))
         if mutated_positions:
-            _install_version_bump(opdef, leaves, mutated_positions)
+            _install_version_bump(opdef, mutated_positions)
         if backward is not None:
             _install_autograd(opdef, backward, setup_context)
         else:
@@ -200,10 +203,44 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
         _REGISTERED[name] = opdef
         return opdef
     except BaseException:
+        if symm_mem_declared:
+            from . import symm_mem
+
+            symm_mem.forget(name)
         if lib is not None:
             lib._destroy()
         regs.rollback()
         raise
+
+
+class _LoweredView:
+    """The parts of the core's lowering result define() reads, each fetched
+    once (every read of a binding property converts a fresh copy)."""
+
+    __slots__ = ("schema", "flat_args", "flat_returns", "leaf_infos", "params", "returns", "warnings")
+
+    def __init__(self, lowered):
+        flat = lowered.flat
+        self.schema = lowered.schema
+        self.flat_args = flat.arguments
+        self.flat_returns = flat.returns
+        self.leaf_infos = lowered.leaves
+        self.params = lowered.params
+        self.returns = lowered.returns
+        self.warnings = lowered.warnings
+
+
+_TRITON: list = []  # [the opforge.triton module, or None when unavailable]
+
+
+def _triton_module():
+    if not _TRITON:
+        try:
+            from . import triton as module
+        except ImportError:
+            module = None
+        _TRITON.append(module if callable(getattr(module, "plan", None)) else None)
+    return _TRITON[0]
 
 
 def _triton_plan(name: str, fn: Callable, mode: str, extra_kernels):
@@ -213,13 +250,47 @@ def _triton_plan(name: str, fn: Callable, mode: str, extra_kernels):
     extra_kernels = tuple(extra_kernels)
     if mode == "off":
         return None
-    try:
-        from . import triton as _triton
-    except ImportError:
+    module = _triton_module()
+    if module is None:
         if mode == "force" or extra_kernels:
-            raise ValueError(f"{name}: triton={mode!r} needs the triton package, which is not importable.") from None
+            raise ValueError(f"{name}: triton={mode!r} needs the triton package, which is not importable.")
         return None
-    return _triton.plan(name, fn, mode=mode, extra_kernels=extra_kernels)
+    return module.plan(name, fn, mode=mode, extra_kernels=extra_kernels)
+
+
+def _fake_register_takes_lib() -> bool:
+    try:
+        from torch._library.fake_impl import FakeImplHolder
+
+        return "lib" in inspect.signature(FakeImplHolder.register).parameters
+    except Exception:
+        return False
+
+
+_FAKE_REGISTER_TAKES_LIB = _fake_register_takes_lib()
+
+
+def _register_fake(lib, name: str, fn: Callable) -> None:
+    """`lib._register_fake` without its cost: it reads the caller's source
+    line from disk on every registration."""
+    if _FAKE_REGISTER_TAKES_LIB and hasattr(lib, "_registration_handles"):
+        holder = torch._library.simple_registry.singleton.find(name).fake_impl
+        lib._registration_handles.append(holder.register(fn, f"<opforge {name}>", lib=lib))
+    else:
+        lib._register_fake(name.split("::")[1], fn)
+
+
+def _lazy_fake_kernel(code: OpCode, fn: Callable) -> Callable:
+    """The flat fake kernel, generated when first needed."""
+    kernel = None
+
+    def fake_kernel(*args, **kwargs):
+        nonlocal kernel
+        if kernel is None:
+            kernel = code.make_fake_kernel(fn)
+        return kernel(*args, **kwargs)
+
+    return fake_kernel
 
 
 def _install_triton_decomposition(opdef: "OpDef", plan) -> None:
@@ -237,6 +308,15 @@ def _install_triton_decomposition(opdef: "OpDef", plan) -> None:
     torch.library.register_torch_dispatch(opdef.overload, FunctionalTensorMode, functional_decomp, lib=opdef._lib)
 
 
+_DEVICE_DEFAULT = re.compile(r'(\bDevice\?? \w+=)(?!None\b)([^,)"\s]+)')
+
+
+def _definable(schema: str) -> str:
+    """The flat schema as torch's parser accepts it: torch prints a Device
+    default unquoted (`Device d=cpu`) but parses only `Device d="cpu"`."""
+    return _DEVICE_DEFAULT.sub(r'\1"\2"', schema) if "Device" in schema else schema
+
+
 def _check_free(name: str) -> None:
     ns, opname = name.split("::")
     if name in _REGISTERED or _schema_exists(name):
@@ -247,11 +327,10 @@ def _check_free(name: str) -> None:
 
 
 def _schema_exists(name: str) -> bool:
-    try:
-        _torch_C._dispatch_find_schema_or_throw(name, "")
-        return True
-    except RuntimeError:
-        return False
+    """Whether torch knows an operator `name` with any overload
+    (`aten::add` exists through `aten::add.Tensor`). Every dispatcher schema
+    is also in this registry."""
+    return bool(_torch_C._jit_get_schemas_for_operator(name))
 
 
 def _device_list(name: str, device_types) -> list[str]:
@@ -269,69 +348,118 @@ def _dispatch_key(name: str, device: str) -> str:
     return _torch_C._dispatch_key_for_device(device)
 
 
-def _caller_locals(fn: Callable, caller) -> dict:
+def _caller_locals(fn: Callable, caller) -> typing.Mapping:
     """Names a string annotation may use besides the function's globals:
-    its closure cells and the locals of the scope that defined it."""
-    ns: dict = {}
-    if caller is not None:
-        ns.update(caller.f_locals)
+    its closure cells, then the locals of the scope that defined it."""
+    cells: dict = {}
     code = getattr(fn, "__code__", None)
     if code is not None and fn.__closure__:
         for var, cell in zip(code.co_freevars, fn.__closure__):
             try:
-                ns[var] = cell.cell_contents
+                cells[var] = cell.cell_contents
             except ValueError:
                 pass
-    return ns
+    if caller is None or caller.f_locals is getattr(fn, "__globals__", None):
+        return cells  # defined at module level: the locals are the globals
+    return collections.ChainMap(cells, caller.f_locals)
+
+
+_KINDS = inspect.Parameter
+_CO_VARARGS = inspect.CO_VARARGS
+_CO_VARKEYWORDS = inspect.CO_VARKEYWORDS
+
+
+def _signature(fn: Callable) -> tuple[list[tuple[str, Any, Any, Any]], Any]:
+    """[(name, kind, default, annotation)] and the return annotation, as
+    inspect.signature gives them; read straight from a plain function's
+    code object, which is much cheaper."""
+    code = getattr(fn, "__code__", None)
+    if (type(fn) is not type(_signature) or hasattr(fn, "__wrapped__") or hasattr(fn, "__signature__")
+            or code is None):
+        sig = inspect.signature(fn)
+        return [(p.name, p.kind, p.default, p.annotation) for p in sig.parameters.values()], sig.return_annotation
+    ann = fn.__annotations__
+    empty = _KINDS.empty
+    npos, nposonly, nkw = code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount
+    names = code.co_varnames
+    defaults = fn.__defaults__ or ()
+    kwdefaults = fn.__kwdefaults__ or {}
+    first_default = npos - len(defaults)
+    out = []
+    for i in range(npos):
+        n = names[i]
+        kind = _KINDS.POSITIONAL_ONLY if i < nposonly else _KINDS.POSITIONAL_OR_KEYWORD
+        out.append((n, kind, defaults[i - first_default] if i >= first_default else empty, ann.get(n, empty)))
+    extra = npos + nkw
+    if code.co_flags & _CO_VARARGS:
+        n = names[extra]
+        out.append((n, _KINDS.VAR_POSITIONAL, empty, ann.get(n, empty)))
+        extra += 1
+    for i in range(npos, npos + nkw):
+        n = names[i]
+        out.append((n, _KINDS.KEYWORD_ONLY, kwdefaults.get(n, empty), ann.get(n, empty)))
+    if code.co_flags & _CO_VARKEYWORDS:
+        n = names[extra]
+        out.append((n, _KINDS.VAR_KEYWORD, empty, ann.get(n, empty)))
+    return out, ann.get("return", empty)
 
 
 def _build_spec(name: str, fn: Callable, regs: Registrations, caller) -> tuple[list[Param], list, str]:
-    sig = inspect.signature(fn)
-    raw = getattr(fn, "__annotations__", {})
+    """The op spec text for `fn`, with its parameters:
+
+        def f(x: Tensor, cfg: Cfg, *, mode: Mode = Mode.A) -> Tensor
+        -> 'ns::f(Tensor x, mod.Cfg cfg, *, mod.Mode mode="a") -> Tensor'
+    """
+    sig_params, ret_ann = _signature(fn)
+    raw = getattr(fn, "__annotations__", None) or {}
     needs_eval = any(isinstance(a, str) for a in raw.values())
     resolver = Resolver(name, regs, getattr(fn, "__globals__", {}),
                         _caller_locals(fn, caller) if needs_eval else None)
+    empty = _KINDS.empty
     params: list[Param] = []
     texts: list[str] = []
     saw_kw = False
-    for p in sig.parameters.values():
-        where = f"parameter '{p.name}'"
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            star = "*" if p.kind == p.VAR_POSITIONAL else "**"
-            raise TypeError(f"{name}: parameter '{star}{p.name}': variadic parameters cannot be op "
+    for pname, kind, default, ann in sig_params:
+        where = f"parameter '{pname}'"
+        if kind is _KINDS.VAR_POSITIONAL or kind is _KINDS.VAR_KEYWORD:
+            star = "*" if kind is _KINDS.VAR_POSITIONAL else "**"
+            raise TypeError(f"{name}: parameter '{star}{pname}': variadic parameters cannot be op "
                             f"parameters. Spell out each parameter.")
-        if p.kind == p.POSITIONAL_ONLY:
+        if kind is _KINDS.POSITIONAL_ONLY:
             raise TypeError(f"{name}: {where}: positional-only parameters are not supported. "
                             f"Remove the '/' from the signature.")
-        if p.annotation is p.empty:
+        if ann is empty:
             raise TypeError(f"{name}: {where}: missing type annotation. Annotate it, e.g. "
-                            f"'{p.name}: torch.Tensor'.")
-        t = resolver.resolve(p.annotation, where)
-        default = p.default
-        text = f"{t.text} {p.name}"
-        if default is not p.empty:
+                            f"'{pname}: torch.Tensor'.")
+        t = resolver.resolve(ann, where)
+        text = f"{t.text} {pname}"
+        if default is not empty:
             if default is None and not t.optional and t.kind != "tensor":
                 raise TypeError(f"{name}: {where}: the default is None but the annotation "
-                                f"{_show(p.annotation)} is not Optional. Annotate it as Optional[...].")
+                                f"{_show(ann)} is not Optional. Annotate it as Optional[...].")
             dtext = _types.default_text(default, t)
             if dtext is not None:
                 text += f"={dtext}"
-        kw = p.kind == p.KEYWORD_ONLY
+        kw = kind is _KINDS.KEYWORD_ONLY
         if kw and not saw_kw:
             texts.append("*")
             saw_kw = True
         texts.append(text)
-        params.append(Param(p.name, kw, default, t, ()))
-    if sig.return_annotation is sig.empty:
+        params.append(Param(pname, kw, default, t, ()))
+    if ret_ann is empty:
         raise TypeError(f"{name}: return value: missing annotation. Add one, e.g. '-> torch.Tensor' "
                         f"or '-> None'.")
-    ret_text, ret_types = _return_spec(name, resolver, sig.return_annotation)
+    ret_text, ret_types = _return_spec(name, resolver, ret_ann)
     spec = f"{name}({', '.join(texts)}) -> {ret_text}"
     return params, ret_types, spec
 
 
 def _show(ann) -> str:
-    return ann if isinstance(ann, str) else getattr(ann, "__name__", repr(ann))
+    if isinstance(ann, str):
+        return ann
+    if isinstance(ann, type):
+        return ann.__qualname__
+    return repr(ann).replace("typing.", "")
 
 
 def _return_spec(name: str, resolver: Resolver, ann) -> tuple[str, list]:
@@ -361,55 +489,43 @@ def _return_item(name: str, resolver: Resolver, ann) -> TypeInfo:
     return t
 
 
-def _leaves(lowered, params: list[Param]) -> list[Leaf]:
-    for p, node in zip(params, lowered.params):
+def _leaves(view: _LoweredView, params: list[Param]) -> list[Leaf]:
+    for p, node in zip(params, view.params):
         p.node = node
+    flat = view.flat_args
     leaves = []
-    flat = lowered.flat.arguments
-    for i, (arg, info) in enumerate(zip(flat, lowered.leaves)):
-        enum_cls = _types.ENUMS_BY_NAME[info.enum_name].cls if info.enum_name else None
+    for arg, info in zip(flat, view.leaf_infos):
+        enum_name = info.enum_name
+        allowed = info.allowed
         leaves.append(
-            Leaf(
-                name=arg.name,
-                type_text=str(arg.type),
-                kw_only=arg.kwarg_only,
-                default=EMPTY,
-                allowed=tuple(info.allowed),
-                enum=enum_cls,
-                handle=info.handle_type,
-                is_presence=info.is_presence,
-                mutated=info.mutated,
-            )
+            Leaf(arg.name, str(arg.type), arg.kwarg_only, EMPTY, tuple(allowed) if allowed else (),
+                 _types.ENUMS_BY_NAME[enum_name].cls if enum_name else None, info.handle_type,
+                 info.is_presence, info.mutated)
         )
     # Python values for the flat defaults: the dispatcher leaves out trailing
     # arguments equal to their default, so the kernel must supply them.
-    for p in params:
-        _leaf_defaults(p.node, p.default if p.default is not EMPTY else EMPTY, p.type, leaves, flat)
+    has_default = [a.has_default for a in flat]
+    if any(has_default):
+        for p in params:
+            _leaf_defaults(p.node, p.default, p.type, leaves, flat, has_default)
     return leaves
 
 
-def _leaf_defaults(node, default, t: TypeInfo, leaves: list[Leaf], flat) -> None:
+def _leaf_defaults(node, default, t: TypeInfo, leaves: list[Leaf], flat, has_default: list[bool]) -> None:
     if node[0] == "leaf":
         index = node[2]
-        if flat[index].has_default:
-            leaves[index].default = None if default is EMPTY else default
+        if has_default[index]:
             if default is EMPTY:
                 leaves[index].default = flat[index].default_value
             elif t.kind == "enum" and default is not None:
                 leaves[index].default = default.value if hasattr(default, "value") else default
+            else:
+                leaves[index].default = default
         return
     _, _name, _struct, optional, presence, children = node
-    if presence >= 0 and flat[presence].has_default:
+    if presence >= 0 and has_default[presence]:
         leaves[presence].default = default is not None and default is not EMPTY
-    from dataclasses import MISSING, fields
-
-    field_defaults = {}
-    if t.py is not None:
-        for f in fields(t.py):
-            if f.default is not MISSING:
-                field_defaults[f.name] = f.default
-            elif f.default_factory is not MISSING:
-                field_defaults[f.name] = f.default_factory()
+    field_defaults = _types.STRUCTS[t.py].defaults
     for child in children:
         field = child[1]
         if default is None:
@@ -418,7 +534,7 @@ def _leaf_defaults(node, default, t: TypeInfo, leaves: list[Leaf], flat) -> None
             sub = field_defaults.get(field, EMPTY)
         else:
             sub = getattr(default, field)
-        _leaf_defaults(child, sub, t.fields[field], leaves, flat)
+        _leaf_defaults(child, sub, t.fields[field], leaves, flat, has_default)
 
 
 def _make_opdef(name, fn, overload, spec, lowered, state, code: OpCode, lib) -> OpDef:
@@ -474,7 +590,7 @@ def _install_kernels(opdef: OpDef, devices: list[str], fn: Callable) -> None:
     opdef.__dict__["_fast"].set_has_backward(False)
 
 
-def _install_version_bump(opdef: OpDef, leaves: list[Leaf], mutated: list[int]) -> None:
+def _install_version_bump(opdef: OpDef, mutated: list[int]) -> None:
     """Mutated tensors get their version counter bumped, as custom_op does."""
     overload = opdef.overload
     code = opdef._code
@@ -496,92 +612,170 @@ def _install_version_bump(opdef: OpDef, leaves: list[Leaf], mutated: list[int]) 
 
 def _install_autograd(opdef: OpDef, backward: Callable, setup_context: Callable | None) -> None:
     state = opdef._state
-    first = state.backward is None or not hasattr(opdef, "_function")
     state.backward = backward
     state.setup_context = setup_context
-    if not first:
+    if opdef.__dict__["_has_autograd"]:
         return
     # Replace the no-backward kernel with the autograd bridge.
     opdef._registrations.clear()
-    fn_cls = _make_function(opdef)
-    opdef.__dict__["_function"] = fn_cls
-    apply = fn_cls.apply
     overload = opdef.overload
     code = opdef._code
+    tensor_positions = code.tensor_leaf_positions
     ns, opname = opdef.name.split("::")
 
     def autograd_kernel(keyset, *args, **kwargs):
         if _torch_C.is_grad_enabled() and _torch_C._any_requires_grad(*args, **kwargs):
-            return apply(*code.flat_full(*args, **kwargs), _Meta(keyset, (), {}))
+            leaves = code.flat_full(*args, **kwargs)
+            return _function(opdef).apply(*[leaves[i] for i in tensor_positions], _Meta(keyset, leaves))
         with _torch_C._AutoDispatchBelowAutograd():
             return overload.redispatch(keyset & _AFTER_AUTOGRAD, *args, **kwargs)
 
     opdef._lib.impl(opname, autograd_kernel, "Autograd", with_keyset=True)
+    opdef.__dict__["_has_autograd"] = True
     if not opdef.__dict__["_mutated"] and not opdef.__dict__["_device_kernels"]:
         opdef.__dict__["_fast"].set_has_backward(True)
 
 
-def _apply_direct(opdef: OpDef, leaves: tuple, args: tuple):
+class _Meta:
+    """The last input of an op's autograd.Function: how to run the forward.
+    A class, not a tuple, so that pytree-based wrappers leave it whole."""
+
+    __slots__ = ("keyset", "payload")
+
+    def __init__(self, keyset, payload):
+        self.keyset = keyset  # None: call the body with payload = the original arguments
+        self.payload = payload  # else: redispatch with payload = every leaf
+
+
+def _function(opdef: OpDef) -> type:
+    """The op's autograd.Function, made on first use (making one costs more
+    than registering the op)."""
+    cls = opdef.__dict__["_function"]
+    if cls is None:
+        cls = opdef.__dict__["_function"] = _make_function(opdef)
+    return cls
+
+
+def _apply_direct(opdef: OpDef, tensors: tuple, args: tuple):
     """The eager path for a call that needs a gradient: the autograd.Function
-    runs the body directly instead of redispatching."""
-    return opdef.__dict__["_function"].apply(*leaves, _Meta(None, args, {}))
+    runs the body directly instead of redispatching. Later calls go straight
+    to `apply`."""
+    apply = _function(opdef).apply
+
+    def direct(tensors, args):
+        return apply(*tensors, _Meta(None, args))
+
+    opdef._code.namespace["_autograd"] = direct
+    return direct(tensors, args)
 
 
 def _make_function(opdef: OpDef) -> type:
+    """An autograd.Function over the op's tensor leaves. Its last input says
+    how to run the forward: (None, original arguments) runs the body directly;
+    (keyset, every leaf) redispatches below autograd."""
     state = opdef._state
     code = opdef._code
     overload = opdef.overload
+    view = opdef.__dict__["_view"]
     params = opdef.__dict__["_params"]
-    leaves_per_param = [_leaf_positions(p.node) for p in params]
-    flat_args = opdef.lowered.flat.arguments
-    positional = [a.name for a in flat_args if not a.kwarg_only]
+    tensor_positions = code.tensor_leaf_positions
+    slot = {leaf: k for k, leaf in enumerate(tensor_positions)}
+    slots_per_param = [[slot[i] for i in _leaf_positions(p.node) if i in slot] for p in params]
+    flat_args = view.flat_args
     keyword = [a.name for a in flat_args if a.kwarg_only]
-    npos = len(positional)
-    multiple_returns = len(opdef.lowered.returns) > 1
+    npos = len(flat_args) - len(keyword)
+    leaf_returns = all(node[0] == "leaf" for node in view.returns)
+    multiple_returns = len(view.returns) > 1
+    positional_body = not any(p.kw_only for p in params)
     name = opdef.name
 
     def forward(ctx, *args):
         meta = args[-1]
-        leaves = args[:-1]
-        if meta.keyset is not None:
-            with _torch_C._AutoDispatchBelowAutograd():
-                out = overload.redispatch(
-                    meta.keyset & _AFTER_AUTOGRAD, *leaves[:npos], **dict(zip(keyword, leaves[npos:]))
-                )
-            inputs = code.rebuild_inputs(leaves) if state.setup_context else None
-            original_out = code.rebuild_output(out) if state.setup_context else None
+        keyset, payload = meta.keyset, meta.payload
+        if keyset is None:
+            inputs = payload
+            original_out = state.fn(*payload) if positional_body else code.body_positional(state.fn, *payload)
+            out = original_out if leaf_returns else code.flatten_output(original_out)
         else:
-            original_out = code.body_positional(state.fn, *meta.args)
-            inputs = meta.args
-            out = code.flatten_output(original_out)
+            with _torch_C._AutoDispatchBelowAutograd():
+                out = overload.redispatch(keyset & _AFTER_AUTOGRAD, *payload[:npos],
+                                          **dict(zip(keyword, payload[npos:])))
+            if state.setup_context is not None:
+                inputs = code.rebuild_inputs(payload)
+                original_out = out if leaf_returns else code.rebuild_output(out)
         if state.setup_context is not None:
             state.setup_context(ctx, inputs, original_out)
         return out
 
+    needs_per_param = _needs_input_grad_mapper(slots_per_param)
+    to_inputs = _grads_to_inputs(opdef, params, tensor_positions)
+
     def backward(ctx, *grads):
-        grads_flat = grads if len(grads) > 1 else grads[0]
-        original = code.rebuild_output(grads_flat)
-        per_param = original if multiple_returns else (original,)
-        prev = ctx.needs_input_grad
-        ctx.needs_input_grad = tuple(any(prev[i] for i in pos) for pos in leaves_per_param)
+        grads_out = grads if len(grads) > 1 else grads[0]
+        original = grads_out if leaf_returns else code.rebuild_output(grads_out)
+        needs = ctx.needs_input_grad
+        ctx.needs_input_grad = needs_per_param(needs)
         try:
-            result = state.backward(ctx, *per_param)
+            result = state.backward(ctx, *original) if multiple_returns else state.backward(ctx, original)
         finally:
-            ctx.needs_input_grad = prev
-        return (*code.flatten_grads(result), None)
+            ctx.needs_input_grad = needs
+        return to_inputs(result)
 
     cls = type(
         f"Backward_{name.replace('::', '_')}",
         (torch.autograd.Function,),
         {"forward": staticmethod(forward), "backward": staticmethod(backward)},
     )
-    lists = any(str(a.type).startswith("Tensor?[]") or str(a.type).startswith("Tensor[]")
-                for a in (*flat_args, *opdef.lowered.flat.returns))
+    lists = any(str(a.type).startswith(("Tensor?[]", "Tensor[]")) for a in (*flat_args, *view.flat_returns))
     if lists:
         from torch._library.autograd import supports_tensorlist
 
         cls = supports_tensorlist(cls)
     return cls
+
+
+def _needs_input_grad_mapper(slots_per_param: list[list[int]]) -> Callable:
+    """needs_input_grad of the Function's inputs -> one entry per original
+    parameter, as a straight-line lambda: `lambda n: (n[0], False, n[1] or n[2])`."""
+    items = [" or ".join(f"n[{k}]" for k in ks) if ks else "False" for ks in slots_per_param]
+    return eval(f"lambda n: ({', '.join(items)}{',' if len(items) == 1 else ''})")  # noqa: S307
+
+
+def _grads_to_inputs(opdef: OpDef, params: list[Param], tensor_positions: list[int]) -> Callable:
+    """backward's per-parameter result -> one gradient per Function input
+    (its tensor leaves, then None for the _Meta input)."""
+    code = opdef._code
+    slot = {leaf: k for k, leaf in enumerate(tensor_positions)}
+    leaf_params = [k for k, p in enumerate(params) if p.node[0] == "leaf"]
+    struct_params = [k for k, p in enumerate(params) if p.node[0] != "leaf"]
+    other_params = [k for k in leaf_params if params[k].node[2] not in slot]
+    count = len(params)
+    # Gradients of single-leaf parameters go straight to their input slot;
+    # a struct's slots stay None unless backward returned something for it.
+    by_slot = ["None"] * len(tensor_positions)
+    for k in leaf_params:
+        if params[k].node[2] in slot:
+            by_slot[slot[params[k].node[2]]] = f"r[{k}]"
+    pick = eval(f"lambda r: ({', '.join([*by_slot, 'None'])},)")  # noqa: S307
+
+    def general(result):
+        flat = code.flatten_grads(result)  # also raises the errors that name the op
+        return (*[flat[i] for i in tensor_positions], None)
+
+    def to_inputs(result):
+        if type(result) is not tuple:
+            result = (result,)
+        if len(result) != count:
+            return general(result)
+        for k in other_params:
+            if result[k] is not None:
+                return general(result)
+        for k in struct_params:
+            if result[k] is not None:
+                return general(result)
+        return pick(result)
+
+    return to_inputs
 
 
 def _leaf_positions(node) -> list[int]:

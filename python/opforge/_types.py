@@ -73,6 +73,7 @@ class StructInfo:
     cls: type
     fields: dict[str, TypeInfo]
     all_scalar: bool  # no Tensor leaves anywhere below: instances can be cached
+    defaults: dict[str, Any] = field(default_factory=dict)  # field -> default value
 
 
 @dataclass
@@ -158,8 +159,12 @@ class Resolver:
             ann = ann.__forward_arg__
         if not isinstance(ann, str):
             return ann
+        globalns = globalns if globalns is not None else self.globalns
+        found = _lookup_dotted(ann, globalns, self.localns)
+        if found is not _MISSING:
+            return found
         try:
-            return eval(ann, globalns if globalns is not None else self.globalns, self.localns)  # noqa: S307
+            return eval(ann, globalns, self.localns)  # noqa: S307
         except Exception as e:  # NameError, SyntaxError, ...
             fail(
                 TypeError,
@@ -171,6 +176,12 @@ class Resolver:
 
     def resolve(self, ann: Any, where: Where, globalns: dict | None = None) -> TypeInfo:
         ann = self.evaluate(ann, where, globalns)
+        try:
+            simple = _SIMPLE.get(ann)
+        except TypeError:  # unhashable
+            simple = None
+        if simple is not None:
+            return TypeInfo(simple[0], simple[1])
         union = _union_args(ann)
         if union is not None:
             rest = [a for a in union if a is not _NoneType]
@@ -304,6 +315,7 @@ class Resolver:
             )
         module_globals = getattr(sys.modules.get(cls.__module__), "__dict__", self.globalns)
         fields: dict[str, TypeInfo] = {}
+        defaults: dict[str, Any] = {}
         texts = []
         for f in dataclasses.fields(cls):
             if not f.init:
@@ -316,6 +328,8 @@ class Resolver:
                 default = f.default
             elif f.default_factory is not dataclasses.MISSING:
                 default = f.default_factory()
+            if default is not dataclasses.MISSING:
+                defaults[f.name] = default
             dtext = None if default is dataclasses.MISSING else default_text(default, finfo)
             texts.append((f.name, finfo.text, dtext))
         all_scalar = all(_is_scalar_tree(t) for t in fields.values())
@@ -329,10 +343,37 @@ class Resolver:
             raise type(e)(f"{self.op}: {where}, {msg}") from None
         if added:
             self.regs.names.append(name)
-        info = StructInfo(name, cls, fields, all_scalar)
+        info = StructInfo(name, cls, fields, all_scalar, defaults)
         STRUCTS[cls] = info
         STRUCTS_BY_NAME[name] = info
         return info
+
+
+_MISSING = object()
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+
+
+def _lookup_dotted(text: str, globalns: dict, localns: dict | None):
+    """What eval(text) gives for a plain (dotted) name such as 'Tensor' or
+    'torch.Tensor', without compiling anything; _MISSING otherwise."""
+    if not _DOTTED.match(text):
+        return _MISSING
+    head, *rest = text.split(".")
+    if localns is not None and head in localns:
+        value = localns[head]
+    elif head in globalns:
+        value = globalns[head]
+    else:
+        builtins = globalns.get("__builtins__", __builtins__)
+        builtins = builtins if isinstance(builtins, dict) else vars(builtins)
+        if head not in builtins:
+            return _MISSING
+        value = builtins[head]
+    for part in rest:
+        value = getattr(value, part, _MISSING)
+        if value is _MISSING:
+            return _MISSING
+    return value
 
 
 def _is_scalar_tree(t: TypeInfo) -> bool:
@@ -425,10 +466,16 @@ def default_text(value: Any, t: TypeInfo) -> str | None:
         code = _MEMORY_FORMAT_CODES.get(str(value).replace("torch.", ""))
         return None if code is None else str(code)
     if isinstance(value, (list, tuple)) and t.kind == "list":
-        items = [default_text(v, t.element) for v in value]
-        if any(i is None for i in items):
+        # torch's grammar has list defaults for int, float and bool lists only.
+        if t.element.text.rstrip("?") not in ("SymInt", "float", "bool") and not (
+            t.element.kind == "enum" and all(isinstance(m.value, int) for m in t.element.py)
+        ):
             return None
-        if value and not all(isinstance(v, (int, float, bool)) or isinstance(v, enum.Enum) for v in value):
+        raw = [v.value if isinstance(v, enum.Enum) else v for v in value]
+        if not all(isinstance(v, (int, float, bool)) for v in raw):
+            return None
+        items = [default_text(v, t.element) for v in raw]
+        if any(i is None for i in items):
             return None
         return "[" + ", ".join(items) + "]"
     return None

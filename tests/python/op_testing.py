@@ -1,0 +1,94 @@
+"""Helpers shared by the `@opforge.op` tests.
+
+Operators live for the whole process, so every test defines its ops in a
+namespace of its own (`ns` fixture): `f"{ns}::scale"`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+
+import pytest
+import torch
+
+import opforge
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def ns(request) -> str:
+    """A fresh op namespace for one test; its ops are removed afterwards, so
+    the dispatcher does not accumulate test ops."""
+    name = re.sub(r"\W", "_", request.node.name)[:40]
+    namespace = f"t{next(_counter)}_{name}"
+    yield namespace
+    unregister_namespace(namespace)
+
+
+def unregister_namespace(namespace: str) -> None:
+    from opforge import _op
+
+    for name in [n for n in _op._REGISTERED if n.startswith(namespace + "::")]:
+        opdef = _op._REGISTERED.pop(name)
+        opdef._registrations.clear()
+        opdef._lib._destroy()
+
+
+@contextlib.contextmanager
+def fast_path(enabled: bool):
+    previous = opforge.set_fast_path_enabled(enabled)
+    try:
+        yield
+    finally:
+        opforge.set_fast_path_enabled(previous)
+
+
+@pytest.fixture(params=["fast", "dispatcher"])
+def path(request):
+    """Runs a test twice: with the eager fast path, and through the dispatcher."""
+    with fast_path(request.param == "fast"):
+        yield request.param
+
+
+def both_paths(fn, *args, **kwargs):
+    """fn(*args) with the fast path on and off: (fast result, dispatcher result)."""
+    with fast_path(True):
+        fast = fn(*args, **kwargs)
+    with fast_path(False):
+        slow = fn(*args, **kwargs)
+    return fast, slow
+
+
+def graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+def compiled_frames() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+@contextlib.contextmanager
+def fresh_dynamo():
+    """Counters and caches as if torch.compile had not run yet."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def in_torch_ops(qualname: str) -> bool:
+    """Whether torch knows an op of that name in any form."""
+    ns, name = qualname.split("::")
+    if torch._C._jit_get_schemas_for_operator(qualname):
+        return True
+    namespace = getattr(torch.ops, ns)
+    return name in vars(namespace)

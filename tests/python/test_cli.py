@@ -1,0 +1,124 @@
+"""`opforge inspect`, `opforge demo` and `opforge bench` on the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from opforge import _demo, cli
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_inspect_prints_signature_schema_and_mapping_tree(capsys):
+    code, out, _ = run_cli(capsys, "inspect", "opforge_demo::attention", "--import", "opforge._demo")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "opforge_demo::attention"
+    assert lines[1] == "  signature  attention(q: Tensor, k: Tensor, v: Tensor, cfg: AttnCfg) -> Tensor"
+    assert lines[3] == ("  schema     opforge_demo::attention(Tensor q, Tensor k, Tensor v, float cfg__scale, "
+                        "float? cfg__softcap, bool cfg__mask__is_set, bool? cfg__mask__causal, "
+                        "SymInt? cfg__mask__window) -> Tensor")
+    assert "    cfg: AttnCfg" in lines
+    assert "      mask: Optional[Mask]" in lines
+    assert any(line.split() == ["(is", "set)", "[5]", "bool", "cfg__mask__is_set", "(presence", "flag)"]
+               for line in lines)
+    assert any(line.split() == ["window", "[7]", "SymInt?", "cfg__mask__window"] for line in lines)
+
+
+def test_inspect_shows_enum_values_mutation_and_struct_returns(capsys):
+    _, out, _ = run_cli(capsys, "inspect", "opforge_demo::reduce")
+    assert "(enum Reduce: 'sum', 'max')" in out
+    _, out, _ = run_cli(capsys, "inspect", "opforge_demo::accumulate")
+    assert "Tensor(a1!) acc__total  (mutated)" in out
+    _, out, _ = run_cli(capsys, "inspect", "opforge_demo::minmax")
+    assert "    value: MinMax" in out and "autograd   no backward" in out
+    _, out, _ = run_cli(capsys, "inspect", "opforge_demo::weighted")
+    assert "autograd   backward registered" in out
+
+
+def test_inspect_source_prints_the_generated_code(capsys):
+    code, out, _ = run_cli(capsys, "inspect", "opforge_demo::affine", "--source")
+    assert code == 0
+    assert "    def _call(_self, x, cfg):" in out
+    assert "    def _make_kernel(_fn):" in out
+
+
+def test_inspect_an_unknown_op_is_a_clear_error(capsys):
+    code, out, err = run_cli(capsys, "inspect", "nowhere::nothing")
+    assert code == 2 and out == ""
+    assert err.strip() == ("opforge inspect: no operator named 'nowhere::nothing' is registered. "
+                           "Import the module that defines it with --import MODULE.")
+
+
+def test_inspect_a_malformed_name_or_missing_module_is_a_clear_error(capsys):
+    code, _, err = run_cli(capsys, "inspect", "nothing")
+    assert code == 2 and "the op name must have the form 'namespace::name'" in err
+    code, _, err = run_cli(capsys, "inspect", "x::y", "--import", "no_such_module_anywhere")
+    assert code == 2 and "cannot import 'no_such_module_anywhere'" in err
+
+
+def test_inspect_an_op_opforge_did_not_define_shows_torch_schemas(capsys):
+    code, out, _ = run_cli(capsys, "inspect", "aten::pow")
+    assert code == 0
+    assert "not defined with @opforge.op" in out
+    assert "    aten::pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor" in out
+
+
+def test_demo_runs_every_form_and_reports_its_checks(capsys):
+    code, out, _ = run_cli(capsys, "demo", "--backend", "eager")
+    assert code == 0
+    for form in ("plain", "struct", "nested + optional struct", "enum + Literal + list default",
+                 "mutation inside a struct", "backward", "handle", "struct return"):
+        assert f"\n  {form}: opforge_demo::" in out
+    assert "compiled (fullgraph, 0 graph breaks) ok" in out
+    assert "backward ok, compiled backward ok" in out
+    assert out.rstrip().endswith("8 ops, 18 of 18 checks passed")
+
+
+def test_demo_exits_non_zero_when_a_check_fails(capsys, monkeypatch):
+    real_steps = _demo._steps
+
+    def broken_steps():
+        step = real_steps()[0]
+        step.reference = lambda x: x * 100.0
+        return [step]
+
+    monkeypatch.setattr(_demo, "_steps", broken_steps)
+    code, out, _ = run_cli(capsys, "demo", "--backend", "eager")
+    assert code == 1
+    assert "eager FAILED" in out and out.rstrip().endswith("0 of 2 checks passed; 2 FAILED")
+
+
+def test_bench_prints_every_row_and_the_budgets(capsys):
+    code, out, _ = run_cli(capsys, "bench", "--args", "1,5", "--repeats", "1", "--min-time", "0.001",
+                           "--registrations", "2")
+    assert code == 0
+    for row in ("opforge struct op (eager fast path)", "Library.define + impl", "torch.library.custom_op, flat",
+                "custom_op + register_autograd", "plain torch.autograd.Function",
+                "struct op / define+impl flat", "custom_op flat / struct op (speed-up)",
+                "custom_op+autograd / opforge, fwd+bwd", "registration, ms per op",
+                "5 args, distinct signatures"):
+        assert row in out, row
+    assert "budget <= 1.3x" in out and "budget >= 4x" in out and "budget <= 0.3 ms" in out
+
+
+def test_bench_without_cuda_says_so(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    code, _, err = run_cli(capsys, "bench", "--device", "cuda")
+    assert code == 2 and "needs a CUDA GPU" in err
+
+
+def test_the_entry_point_runs_as_a_module():
+    result = subprocess.run([sys.executable, "-m", "opforge.cli", "inspect", "opforge_demo::scale",
+                             "--import", "opforge._demo"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "schema     opforge_demo::scale(Tensor x, float factor) -> Tensor" in result.stdout

@@ -1,0 +1,221 @@
+"""Runner handles (SPEC §6): the caller passes the object, the dispatcher
+sees an int, the body gets the object back; a stale, released or foreign
+handle is a clear error, never another object."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import threading
+from typing import Optional
+
+import pytest
+import torch
+from op_testing import fast_path, fresh_dynamo, graph_breaks, ns, path  # noqa: F401
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import opforge
+from opforge import handles
+
+Tensor = torch.Tensor
+
+
+class Runner:
+    def __init__(self, k: float):
+        self.k = k
+        self.calls = 0
+
+    def run(self, x: Tensor) -> Tensor:
+        self.calls += 1
+        return x * self.k
+
+
+class Slotted:
+    __slots__ = ("k",)
+
+    def __init__(self, k):
+        self.k = k
+
+
+def gemm_op(name):
+    seen = {}
+
+    @opforge.op(name)
+    def gemm(x: Tensor, runner: opforge.Handle[Runner], other: Optional[opforge.Handle[Runner]] = None) -> Tensor:
+        seen["runner"] = runner
+        return runner.run(x) if other is None else other.run(runner.run(x))
+
+    @gemm.register_fake
+    def _(x, runner, other=None):
+        seen["fake_runner"] = runner
+        return torch.empty_like(x)
+
+    return gemm, seen
+
+
+def test_a_handle_parameter_is_an_int_in_the_schema(ns):
+    gemm, _ = gemm_op(f"{ns}::gemm")
+    assert gemm.schema == f"{ns}::gemm(Tensor x, int runner, int? other=None) -> Tensor"
+
+
+def test_the_body_receives_the_object_itself(ns, path):
+    gemm, seen = gemm_op(f"{ns}::gemm")
+    r = Runner(3.0)
+    assert torch.equal(gemm(torch.ones(2), r), torch.full((2,), 3.0))
+    assert seen["runner"] is r
+    assert torch.equal(gemm(torch.ones(2), r, Runner(2.0)), torch.full((2,), 6.0))
+
+
+def test_the_dispatcher_sees_an_int_and_the_flat_op_accepts_it(ns):
+    gemm, seen = gemm_op(f"{ns}::gemm")
+    r = Runner(5.0)
+    args, _ = gemm.flatten(torch.ones(1), r)
+    assert type(args[1]) is int
+    assert args[1] == handles.register(r)
+    out = getattr(torch.ops, ns).gemm(torch.ones(1), args[1])
+    assert out.item() == 5.0 and seen["runner"] is r
+
+
+def test_fake_kernels_get_the_int_not_the_object(ns):
+    gemm, seen = gemm_op(f"{ns}::gemm")
+    r = Runner(1.0)
+    with FakeTensorMode():
+        gemm(torch.empty(3), r)
+    assert seen["fake_runner"] == handles.register(r)
+    assert r.calls == 0
+
+
+def test_the_table_holds_objects_weakly(ns):
+    gemm, _ = gemm_op(f"{ns}::gemm")
+    r = Runner(1.0)
+    h = handles.register(r)
+    count = handles.count()
+    del r
+    gc.collect()
+    assert handles.count() == count - 1
+    with pytest.raises(LookupError, match=rf"^{ns}::gemm: parameter 'runner': handle {h}"):
+        getattr(torch.ops, ns).gemm(torch.ones(1), h)
+
+
+def test_pin_keeps_an_object_alive_until_unpin(ns):
+    r = Runner(2.0)
+    h = handles.pin(r)
+    del r
+    gc.collect()
+    assert handles.resolve(h).k == 2.0
+    handles.unpin(handles.resolve(h))
+    gc.collect()
+    with pytest.raises(LookupError, match=f"handle {h}"):
+        handles.resolve(h)
+
+
+def test_objects_without_weak_references_must_be_pinned():
+    s = Slotted(1.0)
+    with pytest.raises(TypeError, match="objects of type Slotted cannot be held weakly. Pin them with "
+                                        r"opforge.handles.pin\(obj\)"):
+        handles.register(s)
+    h = handles.pin(s)
+    assert handles.resolve(h) is s
+    handles.unpin(s)
+    with pytest.raises(LookupError):
+        handles.resolve(h)
+
+
+def test_a_released_handle_is_an_error_not_another_object(ns):
+    gemm, _ = gemm_op(f"{ns}::gemm")
+    r = Runner(1.0)
+    h = handles.register(r)
+    assert handles.release(r) is True
+    with pytest.raises(LookupError, match=rf"^{ns}::gemm: parameter 'runner': handle {h}"):
+        getattr(torch.ops, ns).gemm(torch.ones(1), h)
+    h2 = handles.register(r)  # registering again gives a new handle
+    assert h2 != h and handles.resolve(h2) is r
+
+
+def test_an_unknown_handle_is_an_error(ns):
+    gemm, _ = gemm_op(f"{ns}::gemm")
+    with pytest.raises(LookupError, match=rf"^{ns}::gemm: parameter 'runner': handle 12345"):
+        getattr(torch.ops, ns).gemm(torch.ones(1), 12345)
+
+
+def test_a_handle_to_another_type_is_an_error(ns):
+    gemm, _ = gemm_op(f"{ns}::gemm")
+
+    class Other:
+        pass
+
+    o = Other()
+    h = handles.register(o)
+    with pytest.raises(TypeError, match=rf"^{ns}::gemm: parameter 'runner': handle {h} refers to a Other, "
+                                        r"not a Runner."):
+        getattr(torch.ops, ns).gemm(torch.ones(1), h)
+
+
+def test_passing_the_wrong_object_is_an_error_naming_the_parameter(ns, path):
+    gemm, _ = gemm_op(f"{ns}::gemm")
+    with pytest.raises(TypeError, match=rf"^{ns}::gemm: parameter 'runner': expected a Runner for a "
+                                        r"Handle\[Runner\] parameter, got str."):
+        gemm(torch.ones(1), "runner")
+
+
+def test_registration_is_idempotent_and_thread_safe():
+    r = Runner(1.0)
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(handles.register(r))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(out)) == 1 and out[0] == handles.register(r)
+
+
+def test_handles_compile_with_fullgraph_without_earlier_registration(ns):
+    gemm, seen = gemm_op(f"{ns}::gemm")
+    r1, r2 = Runner(2.0), Runner(3.0)
+    with fresh_dynamo():
+        compiled = torch.compile(lambda x, r: gemm(x, r) + 1, fullgraph=True, backend="eager")
+        assert torch.equal(compiled(torch.ones(2), r1), torch.full((2,), 3.0))
+        assert torch.equal(compiled(torch.ones(2), r2), torch.full((2,), 4.0))
+        assert torch.equal(compiled(torch.ones(2), r1), torch.full((2,), 3.0))
+        assert graph_breaks() == 0
+    assert seen["runner"] is r1
+
+
+def test_a_copied_object_is_not_mistaken_for_its_original_under_compile(ns):
+    gemm, seen = gemm_op(f"{ns}::gemm")
+    r = Runner(2.0)
+    gemm(torch.ones(1), r)
+    twin = copy.copy(r)
+    twin.k = 7.0
+    with fresh_dynamo():
+        compiled = torch.compile(lambda x, r: gemm(x, r), fullgraph=True, backend="eager")
+        assert compiled(torch.ones(1), r).item() == 2.0
+        assert compiled(torch.ones(1), twin).item() == 7.0
+    assert seen["runner"] is twin
+
+
+def test_handles_compile_with_inductor(ns):
+    gemm, _ = gemm_op(f"{ns}::gemm")
+    r = Runner(4.0)
+    with fresh_dynamo():
+        compiled = torch.compile(lambda x: gemm(x, r) * 2, fullgraph=True, backend="inductor")
+        assert torch.equal(compiled(torch.ones(2)), torch.full((2,), 8.0))
+        assert graph_breaks() == 0
+
+
+def test_the_attribute_fallback_reads_registered_handles_under_compile(ns, monkeypatch):
+    # Where Dynamo cannot call a function on the object at trace time, the
+    # handle is read from an attribute set at registration (or by an eager call).
+    gemm, seen = gemm_op(f"{ns}::gemm")
+    monkeypatch.setattr(handles, "_TRACE_TIME_REGISTRATION", False)
+    r, fresh = Runner(2.0), Runner(5.0)
+    with fast_path(True):
+        gemm(torch.ones(1), r)  # the eager fast path registers it
+    with fresh_dynamo():
+        compiled = torch.compile(lambda x, r: gemm(x, r), fullgraph=True, backend="eager")
+        assert compiled(torch.ones(1), r).item() == 2.0
+        with pytest.raises(Exception, match="was never registered"):
+            compiled(torch.ones(1), fresh)
+        twin = copy.copy(r)
+        with pytest.raises(Exception, match="was never registered"):
+            compiled(torch.ones(1), twin)

@@ -1,0 +1,123 @@
+"""mutates_args (SPEC §2): a parameter, a leaf or a field path; a struct name
+expands to its Tensor leaves only; mutation inside a struct works eagerly and
+compiled, and version counters move as torch.library's do."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from op_testing import fresh_dynamo, graph_breaks, ns, path  # noqa: F401
+
+import opforge
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Buffers:
+    out: Tensor
+    count: Optional[Tensor] = None
+    alpha: float = 1.0
+
+
+def accumulate_op(name: str, mutates=("buf",)):
+    @opforge.op(name, mutates_args=mutates)
+    def accumulate(x: Tensor, buf: Buffers) -> None:
+        buf.out.add_(x * buf.alpha)
+        if buf.count is not None:
+            buf.count.add_(1)
+
+    return accumulate
+
+
+def test_a_struct_in_mutates_args_marks_only_its_tensor_leaves(ns):
+    acc = accumulate_op(f"{ns}::acc")
+    assert acc.schema == (f"{ns}::acc(Tensor x, Tensor(a1!) buf__out, Tensor(a2!)? buf__count, "
+                          f"float buf__alpha) -> ()")
+
+
+def test_a_leaf_name_or_a_field_path_marks_one_leaf(ns):
+    by_leaf = accumulate_op(f"{ns}::by_leaf", mutates=("buf__out",))
+    by_path = accumulate_op(f"{ns}::by_path", mutates=("buf.count",))
+    assert "Tensor(a1!) buf__out, Tensor? buf__count" in by_leaf.schema
+    assert "Tensor buf__out, Tensor(a2!)? buf__count" in by_path.schema
+
+
+def test_tensors_inside_a_struct_are_mutated_in_place(ns, path):
+    acc = accumulate_op(f"{ns}::acc")
+    out, count = torch.zeros(3), torch.zeros(())
+    acc(torch.ones(3), Buffers(out, count, alpha=2.0))
+    acc(torch.ones(3), Buffers(out, count, alpha=2.0))
+    assert torch.equal(out, torch.full((3,), 4.0))
+    assert count.item() == 2
+
+
+def test_mutated_tensors_get_their_version_counter_bumped(ns, path):
+    @opforge.op(f"{ns}::fill", mutates_args=("buf",))
+    def fill(buf: Buffers) -> None:
+        with torch.no_grad():
+            buf.out.copy_(torch.ones_like(buf.out))
+
+    out = torch.zeros(2)
+    before = out._version
+    fill(Buffers(out))
+    assert out._version > before
+    assert torch.equal(out, torch.ones(2))
+
+
+def test_both_eager_paths_bump_versions_alike(ns):
+    acc = accumulate_op(f"{ns}::acc")
+    versions = []
+    for enabled in (True, False):
+        previous = opforge.set_fast_path_enabled(enabled)
+        out = torch.zeros(1)
+        acc(torch.ones(1), Buffers(out))
+        versions.append(out._version)
+        opforge.set_fast_path_enabled(previous)
+    assert versions[0] == versions[1]
+
+
+def test_a_top_level_tensor_and_a_tensor_list_can_be_mutated(ns, path):
+    @opforge.op(f"{ns}::zero", mutates_args=("x", "ys"))
+    def zero(x: Tensor, ys: list[Tensor]) -> None:
+        x.zero_()
+        for y in ys:
+            y.fill_(7)
+
+    assert zero.schema == f"{ns}::zero(Tensor(a0!) x, Tensor(a1!)[] ys) -> ()"
+    x, ys = torch.ones(2), [torch.zeros(1), torch.zeros(2)]
+    zero(x, ys)
+    assert torch.equal(x, torch.zeros(2)) and all(bool((y == 7).all()) for y in ys)
+
+
+def test_an_absent_optional_mutated_tensor_is_fine(ns, path):
+    acc = accumulate_op(f"{ns}::acc")
+    out = torch.zeros(2)
+    acc(torch.ones(2), Buffers(out))
+    assert torch.equal(out, torch.ones(2))
+
+
+def test_mutation_inside_a_struct_is_visible_after_a_compiled_call(ns):
+    acc = accumulate_op(f"{ns}::acc")
+
+    def f(x, out, count):
+        acc(x, Buffers(out, count, alpha=3.0))
+        return out + 1
+
+    for backend in ("eager", "inductor"):
+        with fresh_dynamo():
+            out, count = torch.zeros(2), torch.zeros(())
+            compiled = torch.compile(f, fullgraph=True, backend=backend)
+            result = compiled(torch.ones(2), out, count)
+            assert graph_breaks() == 0
+        assert torch.equal(out, torch.full((2,), 3.0)), backend
+        assert torch.equal(result, torch.full((2,), 4.0)), backend
+        assert count.item() == 1, backend
+
+
+def test_opcheck_passes_for_an_op_mutating_a_struct_field(ns):
+    acc = accumulate_op(f"{ns}::acc")
+    result = opforge.opcheck(acc, (torch.ones(3), Buffers(torch.zeros(3), torch.zeros(()), 2.0)))
+    assert set(result.values()) == {"SUCCESS"}
