@@ -109,8 +109,11 @@ def test_default_library_is_the_vllm_namespace():
     op = direct_register_custom_op("compat_add_one", add_one, fake_impl=lambda x: torch.empty_like(x))
     assert op.name == "vllm::compat_add_one"
     assert vllm.vllm_lib.ns == "vllm"
-    assert_close(torch.ops.vllm.compat_add_one(torch.zeros(2)), torch.ones(2))
-    assert_close(op(torch.zeros(2)), torch.ones(2))
+    # The kernel is registered for the platform's device, as in vLLM.
+    device = "cuda" if vllm.default_dispatch_key() == "CUDA" else "cpu"
+    x = torch.zeros(2, device=device)
+    assert_close(torch.ops.vllm.compat_add_one(x), torch.ones(2, device=device))
+    assert_close(op(x), torch.ones(2, device=device))
 
 
 def test_mutates_args_none_means_nothing_is_mutated():
@@ -208,7 +211,7 @@ def test_dataclass_parameters_work_through_the_returned_op():
         return x * cfg.base if cfg.is_neox else x - cfg.base
 
     op = direct_register_custom_op("compat_rope", rope, fake_impl=lambda x, cfg: torch.empty_like(x),
-                                   target_lib=silly_lib)
+                                   target_lib=silly_lib, dispatch_key="CPU")
     x = torch.randn(3)
     assert op.schema == "vllm_silly::compat_rope(Tensor x, float cfg__base, bool cfg__is_neox) -> Tensor"
     assert_close(op(x, RopeCfg(2.0, True)), x * 2.0)

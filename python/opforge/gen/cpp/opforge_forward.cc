@@ -5,10 +5,10 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/jit/frontend/function_schema_parser.h>
 #include <torch/library.h>
 
 #include <memory>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,12 +54,13 @@ int RegisterForwardedOps(const char* ns, const ForwardedOp* ops, std::size_t cou
                  ".", op.overload, ". Regenerate the ops with this torch.");
       continue;
     }
-    std::ostringstream live;
-    live << target->schema();
-    if (live.str() != op.schema) {
+    // Compared parsed, not printed: no iostreams on the load path, which
+    // some toolchains (a compiler newer than the runtime libstdc++) break.
+    if (!(torch::jit::parseSchema(op.schema) == target->schema())) {
       TORCH_WARN("opforge gen: ", ns, "::", op.name, " was generated from '", op.schema,
-                 "' but this torch has '", live.str(), "'; the live schema is used. ",
-                 "Regenerate the ops with this torch to update stubs and tests.");
+                 "' but this torch has '", c10::toString(target->schema()),
+                 "'; the live schema is used. Regenerate the ops with this torch to update "
+                 "stubs and tests.");
     }
     // Defining from the live schema keeps the stack layout right by construction.
     c10::FunctionSchema schema =
