@@ -286,10 +286,20 @@ def test_plain_bodies_are_not_parsed():
 # --- eager, on the interpreter ----------------------------------------------
 
 
+def _wrap_triton_accepts_interpreted_kernels(package) -> bool:
+    try:
+        torch.library.wrap_triton(package.kernels.add_kernel)
+        return True
+    except RuntimeError:
+        return False
+
+
 @pytest.mark.parametrize("form", ADD_FORMS)
 def test_every_detection_form_computes_the_sum_eagerly(interp, form):
     if form == "add_autotuned":
         pytest.skip("autotuning over several configs benchmarks them, which needs a GPU driver")
+    if form == "add_user_wrapped" and not _wrap_triton_accepts_interpreted_kernels(interp[0]):
+        pytest.skip("this torch's wrap_triton rejects interpreter-mode kernels; the GPU tests run this form")
     _, ops = interp
     op, reference = ops[form]
     x, y = xy()
