@@ -176,7 +176,7 @@ def _make_op(name: str) -> CppOp:
             default = info.py(**default)
         params.append(Param(_py_name(arg.name), arg.kwarg_only, default, info, ()))
     ret_types = [_type_info(r.type) for r in lowered.original.returns]
-    view = _op._LoweredView(lowered) if hasattr(_op, "_LoweredView") else lowered
+    view = _op._LoweredView(lowered)
     leaves = _op._leaves(view, params)
     for leaf in leaves:
         leaf.handle = ""  # see _type_info: handles stay ints

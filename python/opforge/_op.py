@@ -158,7 +158,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             symm_mem_declared = True
 
         state = _State(fn=body, fake=fake, backward=backward, setup_context=setup_context,
-                       has_tensor_returns=len(view.flat_returns) > 0)
+                       has_tensor_returns=len(view.return_types) > 0)
         if any(leaf.handle for leaf in leaves):
             from . import handles
 
@@ -175,7 +175,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             has_backward=backward is not None and not mutated_positions,
             needs_autograd=needs_autograd,
         )
-        builder = Builder(name, params, leaves, view.returns, ret_types, len(view.flat_returns))
+        builder = Builder(name, params, leaves, view.returns, ret_types, len(view.return_types))
         holder: list = []
         code = builder.build(fast, needs_autograd, overload,
                              lambda tensors, args: _apply_direct(holder[0], tensors, args))
@@ -215,19 +215,38 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
 
 class _LoweredView:
     """The parts of the core's lowering result define() reads, each fetched
-    once (every read of a binding property converts a fresh copy)."""
+    once (every read of a binding property converts a fresh copy). The
+    per-argument schema objects are only fetched when something needs them."""
 
-    __slots__ = ("schema", "flat_args", "flat_returns", "leaf_infos", "params", "returns", "warnings")
+    __slots__ = ("_lowered", "schema", "leaf_rows", "return_types", "params", "returns", "warnings",
+                 "_flat_args", "_flat_returns")
 
     def __init__(self, lowered):
-        flat = lowered.flat
+        self._lowered = lowered
         self.schema = lowered.schema
-        self.flat_args = flat.arguments
-        self.flat_returns = flat.returns
-        self.leaf_infos = lowered.leaves
+        self.leaf_rows = lowered.leaf_rows
+        self.return_types = lowered.return_types
         self.params = lowered.params
         self.returns = lowered.returns
         self.warnings = lowered.warnings
+        self._flat_args = None
+        self._flat_returns = None
+
+    @property
+    def flat_args(self):
+        if self._flat_args is None:
+            self._flat_args = self._lowered.flat.arguments
+        return self._flat_args
+
+    @property
+    def flat_returns(self):
+        if self._flat_returns is None:
+            self._flat_returns = self._lowered.flat.returns
+        return self._flat_returns
+
+    @property
+    def leaf_infos(self):
+        return self._lowered.leaves
 
 
 _TRITON: list = []  # [the opforge.triton module, or None when unavailable]
@@ -492,31 +511,29 @@ def _return_item(name: str, resolver: Resolver, ann) -> TypeInfo:
 def _leaves(view: _LoweredView, params: list[Param]) -> list[Leaf]:
     for p, node in zip(params, view.params):
         p.node = node
-    flat = view.flat_args
+    rows = view.leaf_rows
     leaves = []
-    for arg, info in zip(flat, view.leaf_infos):
-        enum_name = info.enum_name
-        allowed = info.allowed
+    for name, type_text, kwarg_only, _has, _default, allowed, enum_name, handle, presence, mutated in rows:
         leaves.append(
-            Leaf(arg.name, str(arg.type), arg.kwarg_only, EMPTY, tuple(allowed) if allowed else (),
-                 _types.ENUMS_BY_NAME[enum_name].cls if enum_name else None, info.handle_type,
-                 info.is_presence, info.mutated)
+            Leaf(name, type_text, kwarg_only, EMPTY, tuple(allowed) if allowed else (),
+                 _types.ENUMS_BY_NAME[enum_name].cls if enum_name else None, handle, presence, mutated)
         )
     # Python values for the flat defaults: the dispatcher leaves out trailing
     # arguments equal to their default, so the kernel must supply them.
-    has_default = [a.has_default for a in flat]
+    has_default = [row[3] for row in rows]
     if any(has_default):
+        flat_defaults = [row[4] for row in rows]
         for p in params:
-            _leaf_defaults(p.node, p.default, p.type, leaves, flat, has_default)
+            _leaf_defaults(p.node, p.default, p.type, leaves, flat_defaults, has_default)
     return leaves
 
 
-def _leaf_defaults(node, default, t: TypeInfo, leaves: list[Leaf], flat, has_default: list[bool]) -> None:
+def _leaf_defaults(node, default, t: TypeInfo, leaves: list[Leaf], flat_defaults, has_default: list[bool]) -> None:
     if node[0] == "leaf":
         index = node[2]
         if has_default[index]:
             if default is EMPTY:
-                leaves[index].default = flat[index].default_value
+                leaves[index].default = flat_defaults[index]
             elif t.kind == "enum" and default is not None:
                 leaves[index].default = default.value if hasattr(default, "value") else default
             else:
@@ -534,7 +551,7 @@ def _leaf_defaults(node, default, t: TypeInfo, leaves: list[Leaf], flat, has_def
             sub = field_defaults.get(field, EMPTY)
         else:
             sub = getattr(default, field)
-        _leaf_defaults(child, sub, t.fields[field], leaves, flat, has_default)
+        _leaf_defaults(child, sub, t.fields[field], leaves, flat_defaults, has_default)
 
 
 def _make_opdef(name, fn, overload, spec, lowered, state, code: OpCode, lib) -> OpDef:
@@ -681,9 +698,9 @@ def _make_function(opdef: OpDef) -> type:
     tensor_positions = code.tensor_leaf_positions
     slot = {leaf: k for k, leaf in enumerate(tensor_positions)}
     slots_per_param = [[slot[i] for i in _leaf_positions(p.node) if i in slot] for p in params]
-    flat_args = view.flat_args
-    keyword = [a.name for a in flat_args if a.kwarg_only]
-    npos = len(flat_args) - len(keyword)
+    rows = view.leaf_rows
+    keyword = [row[0] for row in rows if row[2]]
+    npos = len(rows) - len(keyword)
     leaf_returns = all(node[0] == "leaf" for node in view.returns)
     multiple_returns = len(view.returns) > 1
     positional_body = not any(p.kw_only for p in params)
@@ -726,7 +743,7 @@ def _make_function(opdef: OpDef) -> type:
         (torch.autograd.Function,),
         {"forward": staticmethod(forward), "backward": staticmethod(backward)},
     )
-    lists = any(str(a.type).startswith(("Tensor?[]", "Tensor[]")) for a in (*flat_args, *view.flat_returns))
+    lists = any(t.startswith(("Tensor?[]", "Tensor[]")) for t in (*(row[1] for row in view.leaf_rows), *view.return_types))
     if lists:
         from torch._library.autograd import supports_tensorlist
 

@@ -210,6 +210,32 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("params", [](const LoweredOp& l) { return NodesToPython(l.params); })
       .def_property_readonly("returns", [](const LoweredOp& l) { return NodesToPython(l.returns); })
       .def_readonly("warnings", &LoweredOp::warnings)
+      // One call for what a front end reads per flat argument, instead of
+      // a binding call per attribute:
+      //   (name, type, kwarg_only, has_default, default, allowed, enum_name,
+      //    handle_type, is_presence, mutated)
+      .def_property_readonly("leaf_rows", [](const LoweredOp& l) {
+        py::list rows;
+        for (size_t i = 0; i < l.flat.arguments.size(); ++i) {
+          const Argument& a = l.flat.arguments[i];
+          const LeafInfo& info = l.leaves[i];
+          py::object allowed = py::none();
+          if (!info.allowed.empty()) {
+            py::list values;
+            for (const auto& v : info.allowed) values.append(ToPython(v));
+            allowed = std::move(values);
+          }
+          rows.append(py::make_tuple(a.name, TypeStr(*a.type), a.kwarg_only, a.default_value.has_value(),
+                                     a.default_value ? ToPython(*a.default_value) : py::none(), allowed,
+                                     info.enum_name, info.handle_type, info.is_presence, info.mutated));
+        }
+        return rows;
+      })
+      .def_property_readonly("return_types", [](const LoweredOp& l) {
+        std::vector<std::string> out;
+        for (const auto& r : l.flat.returns) out.push_back(TypeStr(*r.type));
+        return out;
+      })
       .def_property_readonly("is_identity", &LoweredOp::is_identity);
 
   m.def("parse_schema", [](const std::string& text) { return ParseSchema(text); },
