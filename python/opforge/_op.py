@@ -25,7 +25,7 @@ import torch
 from torch import _C as _torch_C
 
 from . import _C, _types
-from ._codegen import EMPTY, Builder, Leaf, OpCode, Param
+from ._codegen import EMPTY, Builder, Leaf, OpCode, Param, _leaf_indices
 from ._types import Registrations, Resolver, TypeInfo
 
 _REGISTERED: dict[str, "OpDef"] = {}
@@ -697,7 +697,7 @@ def _make_function(opdef: OpDef) -> type:
     params = opdef.__dict__["_params"]
     tensor_positions = code.tensor_leaf_positions
     slot = {leaf: k for k, leaf in enumerate(tensor_positions)}
-    slots_per_param = [[slot[i] for i in _leaf_positions(p.node) if i in slot] for p in params]
+    slots_per_param = [[slot[i] for i in _leaf_indices(p.node) if i in slot] for p in params]
     rows = view.leaf_rows
     keyword = [row[0] for row in rows if row[2]]
     npos = len(rows) - len(keyword)
@@ -793,15 +793,6 @@ def _grads_to_inputs(opdef: OpDef, params: list[Param], tensor_positions: list[i
         return pick(result)
 
     return to_inputs
-
-
-def _leaf_positions(node) -> list[int]:
-    if node[0] == "leaf":
-        return [node[2]]
-    out = []
-    for child in node[5]:
-        out.extend(_leaf_positions(child))
-    return out
 
 
 def opcheck(op: OpDef, args: tuple, kwargs: dict | None = None, **options):

@@ -71,6 +71,9 @@ class TypeRegistry {
   std::map<std::string, std::shared_ptr<const EnumDef>, std::less<>> enums_;
 };
 
+// True for a C identifier: a letter or '_', then letters, digits and '_'.
+bool IsIdentifier(std::string_view name);
+
 // Builds a StructDef from field texts, resolving nested names in `registry`.
 StructDef MakeStruct(std::string name, const std::vector<FieldText>& fields,
                      const TypeRegistry& registry = TypeRegistry::Global());

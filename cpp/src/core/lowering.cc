@@ -452,10 +452,8 @@ void CheckOpName(const std::string& name) {
                 "Add a namespace, e.g. 'mylib::" + name.substr(name.rfind(':') + 1) + "'.");
   }
   const size_t sep = name.find("::");
-  for (const std::string part : {name.substr(0, sep), name.substr(sep + 2)}) {
-    bool ok = !part.empty() && (std::isalpha(static_cast<unsigned char>(part[0])) || part[0] == '_');
-    for (char c : part) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
-    if (!ok) {
+  for (const std::string& part : {name.substr(0, sep), name.substr(sep + 2)}) {
+    if (!IsIdentifier(part)) {
       throw Error(ErrorKind::kValueError, name, "",
                   "'" + part + "' is not a valid identifier for an op namespace or name.",
                   "Use letters, digits and underscores.");

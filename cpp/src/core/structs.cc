@@ -20,14 +20,7 @@ TypeKind EnumDef::value_kind() const {
                                                                  : TypeKind::kStr;
 }
 
-TypeRegistry& TypeRegistry::Global() {
-  static auto* registry = new TypeRegistry();
-  return *registry;
-}
-
-namespace {
-
-bool IsIdentifier(const std::string& name) {
+bool IsIdentifier(std::string_view name) {
   if (name.empty() || !(std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_')) {
     return false;
   }
@@ -36,6 +29,13 @@ bool IsIdentifier(const std::string& name) {
   }
   return true;
 }
+
+TypeRegistry& TypeRegistry::Global() {
+  static auto* registry = new TypeRegistry();
+  return *registry;
+}
+
+namespace {
 
 bool IsTypeName(const std::string& name) {
   // Dotted names (`mymod.Cfg`) are allowed; each part is an identifier.
