@@ -206,6 +206,24 @@ TEST(LibraryErrors, KernelSignatureMustMatchTheSchema) {
   EXPECT_ANY_THROW(m.def("h(Tensor q, int cfg) -> Tensor", &Attn));
 }
 
+struct CapturedWarnings : c10::WarningHandler {
+  std::vector<std::string> messages;
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+};
+
+TEST(LibraryErrors, SymmMemArgsWithoutGroupNameWarn) {
+  CapturedWarnings captured;
+  c10::WarningUtils::WarningHandlerGuard guard(&captured);
+  torch::Library lib(torch::Library::FRAGMENT, "opforge_lib_warn", std::nullopt, __FILE__, __LINE__);
+  opforge::Library m(lib, "opforge_lib_warn");
+  m.def("attn(Tensor q, Cfg cfg) -> Tensor", &Attn).symm_mem_args({"q"});
+  ASSERT_EQ(captured.messages.size(), 1u);
+  EXPECT_NE(captured.messages[0].find("opforge_lib_warn::attn: symm_mem_args are declared but the op has no "
+                                      "'group_name' argument"),
+            std::string::npos)
+      << captured.messages[0];
+}
+
 TEST(LibraryImpl, PerDeviceKernelsTakePrecedence) {
   torch::Library lib(torch::Library::FRAGMENT, "opforge_lib_dev", std::nullopt, __FILE__, __LINE__);
   opforge::Library m(lib, "opforge_lib_dev");
