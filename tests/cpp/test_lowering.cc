@@ -54,7 +54,7 @@ TEST_F(LoweringTest, StructFieldsBecomeDoubleUnderscoreLeaves) {
   AddStruct("AttnCfg", {{"scale", "float"}, {"causal", "bool", "True"}});
   LoweredOp op = Lower("mylib::attn(Tensor q, AttnCfg cfg, Literal[\"a\", \"b\"] mode=\"a\") -> Tensor");
   EXPECT_EQ(ToString(op.flat),
-            "mylib::attn(Tensor q, float cfg__scale, bool cfg__causal, str mode=\"a\") -> Tensor");
+            "mylib::attn(Tensor q, float cfg__scale, bool cfg__causal=True, str mode=\"a\") -> Tensor");
   EXPECT_FALSE(op.is_identity());
   ASSERT_EQ(op.params.size(), 3u);
   const MappingNode& cfg = op.params[1];
@@ -85,10 +85,35 @@ TEST_F(LoweringTest, StructDefaultIsCarriedByLeafDefaults) {
   AddStruct("Cfg", {{"scale", "float", "1."}, {"n", "int", "2"}, {"name", "str", "\"x\""}});
   EXPECT_EQ(Flat("mylib::f(Tensor x, Cfg cfg={scale=0.5}) -> Tensor"),
             "mylib::f(Tensor x, float cfg__scale=0.5, int cfg__n=2, str cfg__name=\"x\") -> Tensor");
-  // Without a struct default, field defaults stay with the struct: the
-  // caller passes a whole struct.
+  // Without a struct default, the field defaults become leaf defaults, so
+  // torch.ops callers may omit them as a struct's constructor would.
   EXPECT_EQ(Flat("mylib::f(Tensor x, Cfg cfg) -> Tensor"),
-            "mylib::f(Tensor x, float cfg__scale, int cfg__n, str cfg__name) -> Tensor");
+            "mylib::f(Tensor x, float cfg__scale=1., int cfg__n=2, str cfg__name=\"x\") -> Tensor");
+  LoweredOp op = Lower("mylib::f(Tensor x, Cfg cfg) -> Tensor");
+  EXPECT_TRUE(op.leaves[1].default_from_field);
+  EXPECT_TRUE(op.warnings.empty());
+}
+
+TEST_F(LoweringTest, OnlyTensorsListsOfTensorsAndNumbersMayBeReturned) {
+  AddStruct("Out", {{"y", "Tensor"}, {"n", "int"}});
+  EXPECT_EQ(Flat("mylib::f(Tensor x) -> (Tensor, Tensor[], SymInt, float, bool, Scalar)"),
+            "mylib::f(Tensor x) -> (Tensor, Tensor[], SymInt, float, bool, Scalar)");
+  EXPECT_EQ(Flat("mylib::f(Tensor x) -> Out"), "mylib::f(Tensor x) -> (Tensor, int)");
+  EXPECT_EQ(ErrorOf("mylib::f(Tensor x) -> Tensor?"),
+            "mylib::f: return value: type Tensor? cannot be returned from an op. Return Tensor, "
+            "tuple[Tensor, ...], list[Tensor], a frozen dataclass of tensors, int, float, bool or None.");
+  EXPECT_NE(ErrorOf("mylib::f(Tensor x) -> str"), "(no error)");
+  EXPECT_NE(ErrorOf("mylib::f(Tensor x) -> int[]"), "(no error)");
+}
+
+TEST_F(LoweringTest, FieldDefaultsBeforeARequiredArgumentAreDroppedSilently) {
+  AddStruct("Cfg", {{"scale", "float", "1."}, {"n", "int", "2"}});
+  // A schema cannot have a defaulted positional argument before a required
+  // one; a field default is a convenience, so it goes without a warning.
+  LoweredOp op = Lower("mylib::f(Tensor x, Cfg cfg, Tensor y) -> Tensor");
+  EXPECT_EQ(ToString(op.flat), "mylib::f(Tensor x, float cfg__scale, int cfg__n, Tensor y) -> Tensor");
+  EXPECT_FALSE(op.leaves[1].default_from_field);
+  EXPECT_TRUE(op.warnings.empty());
 }
 
 TEST_F(LoweringTest, OptionalStructAddsPresenceLeafAndOptionalFields) {

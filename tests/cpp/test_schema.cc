@@ -68,6 +68,18 @@ TEST(SchemaPrint, DeviceDefaultsPrintBareAndParseBack) {
   EXPECT_EQ(RoundTrip("a::b(Device? d=cuda:1) -> Tensor"), "a::b(Device? d=cuda:1) -> Tensor");
 }
 
+TEST(SchemaPrint, TheDefinableFormQuotesDevicesAndKeepsNonAsciiBytes) {
+  // torch prints these in a form its own parser rejects; registration uses
+  // the definable form.
+  const FunctionSchema s = ParseSchema("a::b(Device d=\"cuda:1\", str s=\"\u00e9t\u00e9\") -> Tensor");
+  // torch escapes bytes >= 0x80 through a signed char ("\\0)+"), which its
+  // own parser then rejects as an ill-formed octal escape; ToString matches
+  // torch's text so schemas compare equal.
+  EXPECT_NE(ToString(s).find("str s=\"\\0)+"), std::string::npos);
+  EXPECT_EQ(ToDefinableString(s), "a::b(Device d=\"cuda:1\", str s=\"\u00e9t\u00e9\") -> Tensor");
+  EXPECT_EQ(ToString(ParseSchema(ToDefinableString(s))), ToString(s));
+}
+
 TEST(SchemaPrint, ComplexDefaultsPrintRealAndImaginaryParts) {
   EXPECT_EQ(RoundTrip("a::b(complex c=1.5) -> Tensor"), "a::b(complex c=0.+1.j) -> Tensor");
   EXPECT_EQ(RoundTrip("a::b(float x=2j) -> Tensor"), "a::b(float x=0.+2.j) -> Tensor");

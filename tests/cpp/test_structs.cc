@@ -17,6 +17,16 @@ std::string ErrorOf(const std::function<void()>& f) {
   return "(no error)";
 }
 
+TEST(Literals, ValuesMustBeAllStrOrAllInt) {
+  CheckLiteralValues({Value::String("a"), Value::String("b")});
+  CheckLiteralValues({Value::Int(1), Value::Int(2)});
+  EXPECT_EQ(ErrorOf([] { CheckLiteralValues({Value::String("a"), Value::Int(1)}); }),
+            "Literal['a', 1] mixes value types or uses values other than str and int. "
+            "Use Literal of str values only or of int values only.");
+  EXPECT_NE(ErrorOf([] { CheckLiteralValues({Value::Double(1.5)}); }), "(no error)");
+  EXPECT_NE(ErrorOf([] { CheckLiteralValues({}); }), "(no error)");
+}
+
 TEST(TypeRegistry, SameLayoutTwiceIsANoOp) {
   TypeRegistry r;
   EXPECT_TRUE(r.AddStruct(MakeStruct("Cfg", {{"a", "int"}, {"b", "float", "1."}}, r)));

@@ -187,6 +187,10 @@ Value ParseDefault(std::string_view text, const Type& type,
 
 // Printing, exactly as torch's `str(schema)` prints.
 std::string ToString(const FunctionSchema& schema);
+// The same text in the form torch's parser accepts back, for registration:
+// torch prints `Device d=cpu` and non-ASCII string bytes as octal escapes it
+// cannot read; this prints `Device d="cpu"` and the bytes themselves.
+std::string ToDefinableString(const FunctionSchema& schema);
 std::string ToString(const Argument& argument);
 std::string ToString(const AliasInfo& alias_info);
 // How a default prints for an argument of this type.

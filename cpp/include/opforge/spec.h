@@ -29,6 +29,7 @@ struct LeafInfo {
   std::string handle_type;       // Handle(T) leaves: T
   bool is_presence = false;      // the `cfg__is_set` leaf of an Optional[Struct]
   bool mutated = false;
+  bool default_from_field = false;  // a field default of a required struct
 };
 
 struct MappingNode {

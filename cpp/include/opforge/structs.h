@@ -71,6 +71,11 @@ class TypeRegistry {
   std::map<std::string, std::shared_ptr<const EnumDef>, std::less<>> enums_;
 };
 
+// Literal values: at least one, all strings or all integers. Throws a
+// TypeError-kind Error otherwise (the enum rule of TypeRegistry::AddEnum, for
+// Literal[...]).
+void CheckLiteralValues(const std::vector<Value>& values);
+
 // True for a C identifier: a letter or '_', then letters, digits and '_'.
 bool IsIdentifier(std::string_view name);
 

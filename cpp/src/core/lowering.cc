@@ -183,6 +183,7 @@ class Lowerer {
                   "Make the type optional or give a non-None default.");
     }
 
+    info.default_from_field = in_field_defaults_ && leaf.default_value.has_value();
     MappingNode node;
     node.kind = MappingNode::Kind::kLeaf;
     node.name = name;
@@ -231,6 +232,10 @@ class Lowerer {
       out_.flat.arguments.push_back(std::move(presence));
       out_.leaves.push_back(std::move(info));
     }
+    // A required struct without a default of its own still lends its fields'
+    // defaults to their leaves, so torch.ops callers may omit them too.
+    const bool saved_field_defaults = in_field_defaults_;
+    if (!def && !optional && !force_optional) in_field_defaults_ = true;
     for (const auto& field : st->fields) {
       std::optional<Value> field_def;
       if (def && def->kind == Value::Kind::kNone) {
@@ -242,12 +247,15 @@ class Lowerer {
         } else {
           field_def = field.default_value;
         }
+      } else if (in_field_defaults_) {
+        field_def = field.default_value;
       }
       node.children.push_back(Expand(origin, field.name, flat_name + "__" + field.name,
                                      path + "." + field.name, field.type, field_def,
                                      force_optional || optional,
                                      where + ", field " + st->name + "." + field.name));
     }
+    in_field_defaults_ = saved_field_defaults;
     return node;
   }
 
@@ -281,14 +289,32 @@ class Lowerer {
     return node;
   }
 
+  // What a body may return, besides structs of these: Tensor, Tensor[], and
+  // the scalars torch turns into Python numbers.
   void CheckReturnLeaf(const Type& type, const std::string& where) {
-    const Type& t = type.unwrap_optional();
-    const Type& base = t.kind == TypeKind::kList ? t.element().unwrap_optional() : t;
-    if (base.kind == TypeKind::kStruct || base.kind == TypeKind::kEnum ||
-        base.kind == TypeKind::kLiteral || base.kind == TypeKind::kHandle) {
+    bool ok = false;
+    if (!type.is_optional()) {
+      switch (type.kind) {
+        case TypeKind::kTensor:
+        case TypeKind::kInt:
+        case TypeKind::kSymInt:
+        case TypeKind::kFloat:
+        case TypeKind::kBool:
+        case TypeKind::kScalar:
+          ok = true;
+          break;
+        case TypeKind::kList:
+          ok = type.element().kind == TypeKind::kTensor;
+          break;
+        default:
+          break;
+      }
+    }
+    if (!ok) {
       throw Error(ErrorKind::kTypeError, op_, where,
                   "type " + TypeStr(type) + " cannot be returned from an op.",
-                  "Return tensors or plain scalars.");
+                  "Return Tensor, tuple[Tensor, ...], list[Tensor], a frozen dataclass of tensors, "
+                  "int, float, bool or None.");
     }
   }
 
@@ -334,10 +360,15 @@ class Lowerer {
     for (int i = 0; i < last_required; ++i) {
       auto& arg = args[static_cast<size_t>(i)];
       if (!arg.kwarg_only && arg.default_value) {
-        out_.warnings.push_back("the default of '" + arg.name +
-                                "' is not in the flat schema because a later positional "
-                                "argument has none");
+        // A field default of a required struct is a convenience for torch.ops
+        // callers; losing it here changes nothing for the front ends.
+        if (!out_.leaves[static_cast<size_t>(i)].default_from_field) {
+          out_.warnings.push_back("the default of '" + arg.name +
+                                  "' is not in the flat schema because a later positional "
+                                  "argument has none");
+        }
         arg.default_value.reset();
+        out_.leaves[static_cast<size_t>(i)].default_from_field = false;
       }
     }
   }
@@ -367,6 +398,7 @@ class Lowerer {
   const TypeRegistry& registry_;
   std::string op_;
   LoweredOp out_;
+  bool in_field_defaults_ = false;  // expanding a required struct that has no default
 };
 
 const MappingNode* FindPath(const LoweredOp& op, const std::string& name) {

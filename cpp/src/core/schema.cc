@@ -174,8 +174,10 @@ std::string JoinTypes(const std::vector<TypePtr>& types, bool annotation) {
   return out;
 }
 
-// c10::printQuotedString, including its handling of bytes >= 0x80.
-void AppendQuoted(std::string& out, const std::string& text) {
+// c10::printQuotedString, including its handling of bytes >= 0x80. torch
+// cannot parse its own printing of those bytes back, so the definable form
+// writes them as they are (torch's parser reads UTF-8 inside quotes).
+void AppendQuoted(std::string& out, const std::string& text, bool definable = false) {
   out += '"';
   for (char c : text) {
     switch (c) {
@@ -190,7 +192,7 @@ void AppendQuoted(std::string& out, const std::string& text) {
       case '\t': out += "\\t"; break;
       case '\v': out += "\\v"; break;
       default:
-        if (c > 0x1f && c < 0x7f) {
+        if ((c > 0x1f && c < 0x7f) || (definable && static_cast<unsigned char>(c) >= 0x80)) {
           out += c;
         } else {
           // Same arithmetic as torch on a signed char, so non-ASCII bytes
@@ -408,11 +410,14 @@ std::string ValueToString(const Value& value) {
   return out;
 }
 
-void AppendDefault(std::string& out, const Value& value, const Type& type) {
+void AppendDefault(std::string& out, const Value& value, const Type& type, bool definable = false) {
   const Type& unopt = type.unwrap_optional();
   if (value.kind == Value::Kind::kString &&
       (unopt.kind == TypeKind::kStr || unopt.kind == TypeKind::kLiteral || unopt.kind == TypeKind::kEnum)) {
-    AppendQuoted(out, value.s);
+    AppendQuoted(out, value.s, definable);
+  } else if (definable && value.kind == Value::Kind::kDevice) {
+    // torch prints `Device d=cpu` but parses only `Device d="cpu"`.
+    AppendQuoted(out, value.s, definable);
   } else if (type.kind == TypeKind::kList && type.element().kind == TypeKind::kInt &&
              value.kind == Value::Kind::kList && value.items.size() > 1) {
     // torch writes `int[2] stride=1` rather than `int[2] stride=[1, 1]`.
@@ -430,7 +435,7 @@ std::string DefaultToString(const Value& value, const Type& type) {
   return out;
 }
 
-void AppendArgument(std::string& out, const Argument& arg) {
+void AppendArgument(std::string& out, const Argument& arg, bool definable = false) {
   const Type& type = *arg.type;
   bool is_opt = type.is_optional();
   const Type& unopt = type.unwrap_optional();
@@ -453,7 +458,7 @@ void AppendArgument(std::string& out, const Argument& arg) {
   }
   if (arg.default_value) {
     out += "=";
-    AppendDefault(out, *arg.default_value, type);
+    AppendDefault(out, *arg.default_value, type, definable);
   }
 }
 
@@ -463,7 +468,9 @@ std::string ToString(const Argument& arg) {
   return out;
 }
 
-std::string ToString(const FunctionSchema& schema) {
+namespace {
+
+std::string PrintSchema(const FunctionSchema& schema, bool definable) {
   std::string out;
   out.reserve(128);
   out += schema.name;
@@ -479,7 +486,7 @@ std::string ToString(const FunctionSchema& schema) {
       out += "*, ";
       seen_kwarg_only = true;
     }
-    AppendArgument(out, schema.arguments[i]);
+    AppendArgument(out, schema.arguments[i], definable);
   }
   if (schema.is_vararg) {
     if (!schema.arguments.empty()) out += ", ";
@@ -505,5 +512,11 @@ std::string ToString(const FunctionSchema& schema) {
   if (need_paren) out += ")";
   return out;
 }
+
+}  // namespace
+
+std::string ToString(const FunctionSchema& schema) { return PrintSchema(schema, false); }
+
+std::string ToDefinableString(const FunctionSchema& schema) { return PrintSchema(schema, true); }
 
 }  // namespace opforge

@@ -134,6 +134,23 @@ bool TypeRegistry::AddStruct(StructDef def) {
   return true;
 }
 
+void CheckLiteralValues(const std::vector<Value>& values) {
+  bool ok = !values.empty();
+  for (const auto& v : values) {
+    ok = ok && (v.kind == Value::Kind::kString || v.kind == Value::Kind::kInt) && v.kind == values[0].kind;
+  }
+  if (!ok) {
+    std::string shown;
+    for (const auto& v : values) {
+      // Shown as Python writes it, so the user recognizes the annotation.
+      const std::string text = v.kind == Value::Kind::kString ? "'" + v.s + "'" : ValueToString(v);
+      shown += (shown.empty() ? "" : ", ") + text;
+    }
+    throw Error(ErrorKind::kTypeError, "", "", "Literal[" + shown + "] mixes value types or uses values other than str and int.",
+                "Use Literal of str values only or of int values only.");
+  }
+}
+
 bool TypeRegistry::AddEnum(EnumDef def) {
   CheckTypeName(def.name, "enum");
   const std::string where = "enum '" + def.name + "'";
@@ -145,7 +162,8 @@ bool TypeRegistry::AddEnum(EnumDef def) {
     const auto& v = def.values[i];
     if (v.kind != Value::Kind::kString && v.kind != Value::Kind::kInt) {
       throw Error(ErrorKind::kTypeError, "", where,
-                  "member " + def.members[i] + " has a value that is neither str nor int.",
+                  "member " + def.members[i] + " has a value that is neither str nor int (" +
+                      ValueToString(v) + ").",
                   "Use str or int values.");
     }
     if (v.kind != def.values[0].kind) {
