@@ -4,30 +4,28 @@ mapping tree.
 For `attn(q: Tensor, cfg: AttnCfg, mode: Literal["a", "b"] = "a") -> Tensor`
 lowered to `(Tensor q, float cfg__scale, bool cfg__causal, str mode="a")`:
 
-    def _call(_self, q, cfg, mode=_D1):                  # OpDef.__call__
-        if type(mode) is not str or mode not in _A2: _bad3(mode)
-        if _compiling():
-            _r = _NI
-        else:
-            _r = _fp((q,), q, cfg, mode)                  # the eager fast path (C++)
-            if _r is not _NI and _r is not _AG:
-                return _r
+    def _dispatch(q, cfg, mode):                          # converted arguments -> the dispatcher
         _l1 = cfg.scale
         _l2 = cfg.causal
-        if _r is _AG:                                     # a gradient is needed
-            return _autograd((q,), (q, cfg, mode))
-        return _op(q, _l1, _l2, mode)                     # the dispatcher path
+        return _op(q, _l1, _l2, mode)
+
+    def _call(_self, q, cfg, mode=_D1):                   # OpDef.__call__, as Dynamo traces it
+        if type(mode) is not str or mode not in _A2: _bad3(mode)
+        if not isinstance(cfg, _S4): _convert(q, cfg, mode)   # raises the boundary's error
+        return _dispatch(q, cfg, mode)
 
     def _make_kernel(_fn):
-        def kernel(q, cfg__scale, cfg__causal, mode=_F4): # what the dispatcher calls
-            _o = _fn(q, <the AttnCfg cached for these leaves, or a new one>, mode)
+        def kernel(q, cfg__scale, cfg__causal, mode=_F5): # what the dispatcher calls
+            _o = _check_return(_fn(q, <the AttnCfg cached for these leaves, or a new one>, mode))
             return _o
         return kernel
 
-Only `_call` and `_make_kernel` are generated when the op is defined; the
-helpers autograd, fake tensors and opcheck need are generated on first use.
-Ops whose generated source is the same share its compiled code.
-`OpCode.source` prints all of it.
+Eager calls do not run `_call`: they enter C (opforge._C.OpBase), where the
+op's boundary binds and converts the arguments, then either runs the body or
+calls `_dispatch`. Only `_call`, `_dispatch` and `_make_kernel` are generated
+when the op is defined; the helpers autograd, fake tensors and opcheck need are
+generated on first use. Ops whose generated source is the same share its
+compiled code. `OpCode.source` prints all of it.
 """
 
 from __future__ import annotations
@@ -56,7 +54,7 @@ class Param:
     kw_only: bool
     default: Any  # EMPTY when none
     type: TypeInfo
-    node: tuple  # core mapping node
+    node: Any  # the core's MappingNode
 
 
 @dataclass
@@ -139,6 +137,7 @@ def _retarget(code: types.CodeType, filename: str) -> types.CodeType:
 
 # Chunk name -> the function it defines.
 _CHUNKS = {
+    "dispatch": "_dispatch",
     "call": "_call",
     "make_kernel": "_make_kernel",
     "make_fake_kernel": "_make_fake_kernel",
@@ -159,9 +158,11 @@ class OpCode:
         self._builder = builder
         self.namespace = builder.ns
         self._sources: dict[str, str] = {}
+        self.params = builder.params
         self.tensor_leaf_positions = [i for i, leaf in enumerate(builder.leaves) if _is_tensor_text(leaf.type_text)]
         if not builder.leaf_returns:
-            self._function("rebuild_output")  # `call` uses it
+            self._function("rebuild_output")  # `dispatch` uses it
+        self.dispatch = self._function("dispatch")
         self.call = self._function("call")
         self.make_kernel = self._function("make_kernel")
 
@@ -173,6 +174,12 @@ class OpCode:
             op = self._builder.op_name
             filename = f"<opforge {op}>" if chunk == "call" else f"<opforge {op} {chunk}>"
             code = _compile(source, filename)
+            if chunk == "call":
+                # Python's own binding errors then name the op:
+                # "mylib::attn() got an unexpected keyword argument 'x'".
+                inner = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+                renamed = inner.replace(co_name=op, **({"co_qualname": op} if hasattr(inner, "co_qualname") else {}))
+                code = code.replace(co_consts=tuple(renamed if c is inner else c for c in code.co_consts))
             exec(code, self.namespace)  # noqa: S102
             linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
             self._sources[chunk] = source
@@ -202,19 +209,19 @@ class OpCode:
 
 class Builder:
     def __init__(self, op_name: str, params: list[Param], leaves: list[Leaf], return_nodes: list,
-                 return_types: list[TypeInfo | None], num_flat_returns: int):
+                 return_types: list[TypeInfo | None], num_flat_returns: int, duck_structs: bool = False):
         self.op_name = op_name
+        self.duck_structs = duck_structs  # any object with a struct's fields is accepted (C++ ops)
         self.params = params
         self.leaves = leaves
         self.return_nodes = return_nodes
         self.return_types = return_types
         self.num_flat_returns = num_flat_returns
-        self.leaf_returns = all(n[0] == "leaf" for n in return_nodes)
+        self.leaf_returns = all(n.is_leaf for n in return_nodes)
         self.ns: dict[str, Any] = {}
         self._ids: dict[tuple[str, int], str] = {}
         self._counter = 0
         self._sites: dict[str, list[Site]] = {}
-        self.has_fast_path = False
 
     def const(self, prefix: str, value: Any) -> str:
         """A name for `value` in the generated code's namespace."""
@@ -232,16 +239,13 @@ class Builder:
         self._counter += 1
         return f"_{prefix}{self._counter}"
 
-    def build(self, fast_path, needs_autograd, op_overload, autograd_apply) -> OpCode:
+    def build(self, op_overload, boundary) -> OpCode:
         self.ns.update(
             _compiling=torch.compiler.is_compiling,
-            _NI=NotImplemented,
-            _fp=fast_path,
             _op=op_overload,
-            _AG=needs_autograd,
-            _autograd=autograd_apply,
+            _convert=boundary.convert,
+            _check_return=boundary.check_return,
         )
-        self.has_fast_path = fast_path is not None
         return OpCode(self)
 
     # --- signatures -------------------------------------------------------
@@ -282,16 +286,16 @@ class Builder:
         return found
 
     def _walk(self, node, t: TypeInfo, expr: str, guards: list[str], where: str, out: list[Site], pname: str):
-        if node[0] == "leaf":
+        if node.is_leaf:
             value = expr
             for g in reversed(guards):
                 value = f"(None if {g} is None else {value})"
-            out.append(Site(node[2], expr, value, t, where, bool(guards)))
+            out.append(Site(node.leaf_index, expr, value, t, where, bool(guards)))
             return
-        guards = guards + [expr] if node[3] else guards
+        guards = guards + [expr] if node.optional else guards
         qual = t.py.__qualname__
-        for child in node[5]:
-            name = child[1]
+        for child in node.children:
+            name = child.name
             self._walk(child, t.fields[name], f"{expr}.{name}", guards,
                        f"parameter '{pname}', field {qual}.{name}", out, pname)
 
@@ -301,8 +305,8 @@ class Builder:
         """Enum arguments become members (the body gets members), Literal
         values are checked. Runs before the fast path and under Dynamo."""
         for p in self.params:
-            if p.node[0] == "leaf":
-                leaf = self.leaves[p.node[2]]
+            if p.node.is_leaf:
+                leaf = self.leaves[p.node.leaf_index]
                 if leaf.enum is None:
                     continue
                 cls = self.const("E", leaf.enum)
@@ -331,7 +335,7 @@ class Builder:
                     conds.append(f"type({site.expr}) is not {cls}")
             if conds:
                 norm = self.const("members", _make_struct_normalizer(self.op_name, p))
-                guard = f"{p.name} is not None and " if p.node[3] else ""
+                guard = f"{p.name} is not None and " if p.node.optional else ""
                 w.line(f"if {guard}({' or '.join(conds)}): {p.name} = {norm}({p.name})")
         for p in self.params:
             for site in self.sites(p):
@@ -368,8 +372,8 @@ class Builder:
 
     def _flatten_node(self, w: _Writer, node: tuple, expr: str, t: TypeInfo, out: dict[int, str], where: str,
                       top: bool = False):
-        if node[0] == "leaf":
-            index = node[2]
+        if node.is_leaf:
+            index = node.leaf_index
             leaf = self.leaves[index]
             value = expr
             if leaf.enum is not None:
@@ -385,7 +389,7 @@ class Builder:
                     value = f"(None if {expr} is None else {value})"
             out[index] = value
             return
-        _, _name, _struct, optional, presence, children = node
+        optional, presence, children = node.optional, node.presence_index, node.children
         var = expr if top else self.tmp("s")
         if not top:
             w.line(f"{var} = {expr}")
@@ -408,8 +412,8 @@ class Builder:
         pname = where.split(",")[0]
         for child in children:
             sub: dict[int, str] = {}
-            self._flatten_node(w, child, f"{var}.{child[1]}", t.fields[child[1]], sub,
-                               f"{pname}, field {qual}.{child[1]}")
+            self._flatten_node(w, child, f"{var}.{child.name}", t.fields[child.name], sub,
+                               f"{pname}, field {qual}.{child.name}")
             for i, e in sub.items():
                 if e != f"_l{i}":
                     w.line(f"_l{i} = {e}")
@@ -422,11 +426,11 @@ class Builder:
         expressions. `output`: the leaves are the op's flat returns. `cache`:
         reuse struct instances (real kernels only: fake kernels and traced
         code see SymInts, which cannot key a dict)."""
-        if node[0] == "leaf":
+        if node.is_leaf:
             if output:
-                return leaf_expr(node[2])
-            leaf = self.leaves[node[2]]
-            e = leaf_expr(node[2])
+                return leaf_expr(node.leaf_index)
+            leaf = self.leaves[node.leaf_index]
+            e = leaf_expr(node.leaf_index)
             if leaf.enum is not None:
                 table = self.const("V", ENUMS[leaf.enum].by_value)
                 if t.kind == "list":
@@ -441,15 +445,15 @@ class Builder:
                 call = f"{resolve}({e}, {cls}, {at})"
                 return f"(None if {e} is None else {call})" if t.optional else call
             return e
-        _, _name, _struct, optional, presence, children = node
+        optional, presence, children = node.optional, node.presence_index, node.children
         info = STRUCTS[t.py]
         cls = self.const("S", t.py)
         pname = where.split(",")[0]
         kwargs = []
         for child in children:
-            sub = self.rebuild_node(child, t.fields[child[1]], leaf_expr, fake,
-                                    f"{pname}, field {t.py.__qualname__}.{child[1]}", output, cache)
-            kwargs.append(f"{child[1]}={sub}")
+            sub = self.rebuild_node(child, t.fields[child.name], leaf_expr, fake,
+                                    f"{pname}, field {t.py.__qualname__}.{child.name}", output, cache)
+            kwargs.append(f"{child.name}={sub}")
         construct = f"{cls}({', '.join(kwargs)})"
         indices = [i for i in _leaf_indices(node) if not self.leaves[i].is_presence] if cache else []
         if cache and _cacheable(info, [self.leaves[i] for i in indices]):
@@ -490,65 +494,46 @@ class Builder:
         return ordered[0] if self.num_flat_returns == 1 else f"({', '.join(ordered)},)"
 
     def _flatten_return(self, node, expr, out):
-        if node[0] == "leaf":
-            out[node[2]] = expr
+        if node.is_leaf:
+            out[node.leaf_index] = expr
             return
-        for child in node[5]:
-            self._flatten_return(child, f"{expr}.{child[1]}", out)
+        for child in node.children:
+            self._flatten_return(child, f"{expr}.{child.name}", out)
 
     def _wrap_output(self, expr: str) -> str:
         return expr if self.leaf_returns else f"_rebuild_output({expr})"
 
     # --- the chunks -----------------------------------------------------------
 
+    def chunk_dispatch(self) -> str:
+        """Converted original arguments -> the dispatcher: the flat call."""
+        w = _Writer()
+        w.line(f"def _dispatch({', '.join(p.name for p in self.params)}):")
+        with w.block():
+            exprs = self.emit_flatten(w)
+            w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
+        return w.text()
+
     def chunk_call(self) -> str:
-        """The op as users call it: OpDef.__call__, hence `_self`."""
+        """The op as Dynamo traces it (OpDef.__call__, hence `_self`): values
+        Dynamo sees as constants are checked here, the rest by torch when the
+        flat op runs on fake tensors."""
         w = _Writer()
         w.line(f"def _call(_self, {self.original_signature()}):")
         with w.block():
             self.emit_validation(w)
-            body_args = self.emit_fast_path(w) if self.has_fast_path else None
-            exprs = self.emit_flatten(w)
-            if body_args is not None:
-                tensors = [e for leaf, e in zip(self.leaves, exprs) if _is_tensor_text(leaf.type_text)]
-                leaves_tuple = ", ".join(tensors) + ("," if len(tensors) == 1 else "")
-                args_tuple = ", ".join(body_args) + ("," if len(body_args) == 1 else "")
-                w.line("if _r is _AG:")
+            checks = []
+            for p in self.params:
+                if not p.node.is_leaf and not self.duck_structs:
+                    cls = self.const("S", p.type.py)
+                    check = f"isinstance({p.name}, {cls})"
+                    checks.append(f"({p.name} is None or {check})" if p.node.optional else check)
+            if checks:
+                w.line(f"if not ({' and '.join(checks)}):")
                 with w.block():
-                    w.line(f"return {self._wrap_output(f'_autograd(({leaves_tuple}), ({args_tuple}))')}")
-            w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
+                    w.line(f"_convert({self.original_call_args([p.name for p in self.params])})  # raises")
+            w.line(f"return _dispatch({', '.join(p.name for p in self.params)})")
         return w.text()
-
-    def emit_fast_path(self, w: _Writer) -> list[str]:
-        """The C++ fast path runs the body when nothing could intercept the
-        dispatcher call; `_AG` says a gradient is needed (the flat arguments
-        then go to the autograd bridge). Returns the body's arguments."""
-        tensors = []
-        for p in self.params:
-            for site in self.sites(p):
-                if _is_tensor_text(self.leaves[site.index].type_text):
-                    tensors.append(site.value)
-        body_args = []
-        for p in self.params:
-            leaf = self.leaves[p.node[2]] if p.node[0] == "leaf" else None
-            if leaf is not None and leaf.handle:
-                check = self.const("checked", handles.checked)
-                at = self.const("W", f"{self.op_name}: parameter '{p.name}'")
-                value = f"{check}({p.name}, {self.const('C', p.type.py)}, {at})"
-                body_args.append(f"(None if {p.name} is None else {value})" if p.type.optional else value)
-            else:
-                body_args.append(p.name)
-        tup = ", ".join(tensors) + ("," if len(tensors) == 1 else "")
-        w.line("if _compiling():")
-        with w.block():
-            w.line("_r = _NI")
-        w.line("else:")
-        with w.block():
-            w.line(f"_r = _fp(({tup}), {', '.join(body_args)})")
-            w.line("if _r is not _NI and _r is not _AG:")
-            with w.block():
-                w.line("return _r")
-        return body_args
 
     def _kernel_chunk(self, factory: str, kernel: str, fake: bool) -> str:
         w = _Writer()
@@ -559,7 +544,7 @@ class Builder:
                 args = [self.rebuild_node(p.node, p.type, lambda i: self.leaves[i].name, fake, f"parameter '{p.name}'",
                                           cache=not fake)
                         for p in self.params]
-                w.line(f"_o = _fn({self.original_call_args(args)})")
+                w.line(f"_o = _check_return(_fn({self.original_call_args(args)}))")
                 w.line(f"return {self.flatten_output_expr('_o')}")
             w.line(f"return {kernel}")
         return w.text()
@@ -575,9 +560,10 @@ class Builder:
     def chunk_flatten_call(self) -> str:
         """The dispatcher-path arguments, for opcheck and tests."""
         w = _Writer()
-        w.line(f"def _flatten_call({self.original_signature()}):")
+        w.line("def _flatten_call(*_a, **_k):")
         with w.block():
-            self.emit_validation(w)
+            names = [p.name for p in self.params]
+            w.line(f"({', '.join(names)}{',' if len(names) == 1 else ''}) = _convert(*_a, **_k)")
             exprs = self.emit_flatten(w)
             pos = [e for leaf, e in zip(self.leaves, exprs) if not leaf.kw_only]
             kw = [f"{leaf.name!r}: {e}" for leaf, e in zip(self.leaves, exprs) if leaf.kw_only]
@@ -624,10 +610,10 @@ class Builder:
 
 
 def _leaf_indices(node) -> list[int]:
-    if node[0] == "leaf":
-        return [node[2]]
-    out = [node[4]] if node[3] else []
-    for child in node[5]:
+    if node.is_leaf:
+        return [node.leaf_index]
+    out = [node.presence_index] if node.optional else []
+    for child in node.children:
         out.extend(_leaf_indices(child))
     return out
 
@@ -720,35 +706,39 @@ def _make_flatten_grads(builder: Builder):
     leaves = builder.leaves
     op = builder.op_name
     is_tensor = [_is_tensor_text(leaf.type_text) for leaf in leaves]
-    top = [(p, p.node[2] if p.node[0] == "leaf" else None) for p in params]
+    top = [(p, p.node.leaf_index if p.node.is_leaf else None) for p in params]
 
     def not_a_tensor(grad, where):
         return TypeError(f"{op}: backward returned a {type(grad).__name__} for {where}, which is not a Tensor "
                          f"argument; return None there.")
 
     def assign(node, t, grad, out, where):
-        if node[0] == "leaf":
-            if grad is not None and not is_tensor[node[2]]:
+        if node.is_leaf:
+            if grad is not None and not is_tensor[node.leaf_index]:
                 raise not_a_tensor(grad, where)
-            out[node[2]] = grad
+            out[node.leaf_index] = grad
             return
-        for child in node[5]:
-            name = child[1]
+        for child in node.children:
+            name = child.name
             field_where = f"{where.split(',')[0]}, field {t.py.__qualname__}.{name}"
             if grad is None:
                 sub = None
             elif isinstance(grad, dict):
                 sub = grad.get(name)
-            elif isinstance(grad, t.py) or (dataclasses.is_dataclass(grad) and hasattr(grad, name)):
+            elif isinstance(grad, t.py) or all(hasattr(grad, c.name) for c in node.children):
+                # An instance, or any object with the struct's field names
+                # (a types.SimpleNamespace, another dataclass, ...).
                 sub = getattr(grad, name)
             else:
+                missing = [c.name for c in node.children if not hasattr(grad, c.name)]
                 raise TypeError(
-                    f"{op}: backward returned a {type(grad).__name__} for {where}; "
-                    f"return None, a {t.py.__qualname__} or a dict keyed by field name."
+                    f"{op}: backward returned a {type(grad).__name__} for {where}, which has no field "
+                    f"{missing[0]!r}; return None, a {t.py.__qualname__}, an object with its fields or a dict "
+                    f"keyed by field name."
                 )
             assign(child, t.fields[name], sub, out, field_where)
         if isinstance(grad, dict):
-            unknown = set(grad) - {child[1] for child in node[5]}
+            unknown = set(grad) - {child.name for child in node.children}
             if unknown:
                 raise TypeError(
                     f"{op}: backward returned a dict for {where} with keys {sorted(unknown)} that are not "

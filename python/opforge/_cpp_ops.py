@@ -139,10 +139,12 @@ def _type_info(t: Any) -> TypeInfo:
     return TypeInfo(str(t), "tensor" if t.kind == "Tensor" else "scalar")
 
 
-class CppOp:
-    """An op defined in C++, callable with its original (struct) signature."""
+class CppOp(_C.OpBase):
+    """An op defined in C++, callable with its original (struct) signature.
+    Calls enter C like `@opforge.op` ops: the boundary binds and converts the
+    arguments, then the call goes through the dispatcher to the C++ kernel."""
 
-    __slots__ = ("name", "overload", "lowered", "_code", "__dict__")
+    __slots__ = ("name", "overload", "lowered", "model", "boundary", "_code", "__dict__")
 
     @property
     def schema(self) -> str:
@@ -174,20 +176,31 @@ def _make_op(name: str) -> CppOp:
         default = _python_value(arg.default_value, arg.type) if arg.has_default else EMPTY
         if arg.has_default and info.kind == "struct" and isinstance(default, dict):
             default = info.py(**default)
-        params.append(Param(_py_name(arg.name), arg.kwarg_only, default, info, ()))
+        params.append(Param(_py_name(arg.name), arg.kwarg_only, default, info, None))
     ret_types = [_type_info(r.type) for r in lowered.original.returns]
-    view = _op._LoweredView(lowered)
-    leaves = _op._leaves(view, params)
+    model = _op.OpModel.of(lowered)
+    sig = _op.Signature(params, ret_types, str(lowered.original))
+    # Any object with a struct's fields is accepted; handles are C++ handles,
+    # passed as ints.
+    boundary = _op._make_boundary(name, sig, model, duck_structs=True, handles_as_ints=True)
+    for p, node in zip(params, model.params):
+        p.node = node
+    leaves = _op._leaves(model, boundary)
     for leaf in leaves:
         leaf.handle = ""  # see _type_info: handles stay ints
-    builder = Builder(name, params, leaves, list(lowered.returns), ret_types, len(lowered.flat.returns))
-    code = builder.build(None, None, overload, None)
+    builder = Builder(name, params, leaves, list(model.returns), ret_types, len(model.return_types),
+                      duck_structs=True)
+    code = builder.build(overload, boundary)
     cls = type(f"CppOp[{name}]", (CppOp,), {"__call__": code.call, "__slots__": ()})
+    _C.install_fast_call(cls)
     op = cls.__new__(cls)
     op.name = name
     op.overload = overload
     op.lowered = lowered
+    op.model = model
+    op.boundary = boundary
     op._code = code
+    op._bind(boundary, None, {}, code.dispatch, None, cls.__call__, False)
     return op
 
 

@@ -29,38 +29,37 @@ import torch
 from . import _C, _op, _types
 
 
-def _leaf_line(index: int, flat_args, infos, leaves) -> str:
+def _leaf_line(index: int, flat_args, leaves) -> str:
     arg = flat_args[index]
     text = f"[{index}] {arg}"
-    info = infos[index]
+    leaf = leaves[index]
     notes = []
-    if info.enum_name:
-        enum = _types.ENUMS_BY_NAME[info.enum_name].cls
+    if leaf.enum_name:
+        enum = _types.ENUMS_BY_NAME[leaf.enum_name].cls
         notes.append(f"enum {enum.__qualname__}: " + ", ".join(repr(m.value) for m in enum))
-    elif list(info.allowed):
-        notes.append("one of " + ", ".join(repr(v) for v in info.allowed))
-    if info.handle_type:
-        notes.append(f"handle to {info.handle_type}")
-    if info.is_presence:
+    elif leaf.allowed:
+        notes.append("one of " + ", ".join(repr(v) for v in leaf.allowed))
+    if leaf.handle_type:
+        notes.append(f"handle to {leaf.handle_type}")
+    if leaf.is_presence:
         notes.append("presence flag")
-    if info.mutated:
+    if leaf.mutated:
         notes.append("mutated")
     return text + (f"  ({'; '.join(notes)})" if notes else "")
 
 
-def _tree_lines(node, t, flat_args, infos, leaves, depth: int) -> list[str]:
+def _tree_lines(node, t, flat_args, leaves, depth: int) -> list[str]:
     pad = "  " * depth
-    if node[0] == "leaf":
-        label = f"{pad}{node[1]}"
-        return [f"{label:<33}{_leaf_line(node[2], flat_args, infos, leaves)}"]
-    _, name, _struct, optional, presence, children = node
-    cls = t.py.__qualname__ if t is not None and t.py is not None else _struct
-    lines = [f"{pad}{name}: {'Optional[' + cls + ']' if optional else cls}"]
-    if optional:
-        lines.append(f"{pad + '  (is set)':<33}{_leaf_line(presence, flat_args, infos, leaves)}")
-    for child in children:
-        sub = t.fields.get(child[1]) if t is not None else None
-        lines.extend(_tree_lines(child, sub, flat_args, infos, leaves, depth + 1))
+    if node.is_leaf:
+        label = f"{pad}{node.name}"
+        return [f"{label:<33}{_leaf_line(node.leaf_index, flat_args, leaves)}"]
+    cls = t.py.__qualname__ if t is not None and t.py is not None else node.struct_name
+    lines = [f"{pad}{node.name}: {'Optional[' + cls + ']' if node.optional else cls}"]
+    if node.optional:
+        lines.append(f"{pad + '  (is set)':<33}{_leaf_line(node.presence_index, flat_args, leaves)}")
+    for child in node.children:
+        sub = t.fields.get(child.name) if t is not None else None
+        lines.extend(_tree_lines(child, sub, flat_args, leaves, depth + 1))
     return lines
 
 
@@ -69,13 +68,13 @@ def _return_lines(nodes, types, flat_returns) -> list[str]:
 
     def walk(node, t, depth):
         pad = "  " * depth
-        if node[0] == "leaf":
-            lines.append(f"{pad + (node[1] or 'value'):<33}[{node[2]}] {flat_returns[node[2]].type}")
+        if node.is_leaf:
+            lines.append(f"{pad + (node.name or 'value'):<33}[{node.leaf_index}] {flat_returns[node.leaf_index].type}")
             return
-        cls = t.py.__qualname__ if t is not None and t.py is not None else node[2]
-        lines.append(f"{pad}{node[1] or 'value'}: {cls}")
-        for child in node[5]:
-            walk(child, t.fields.get(child[1]) if t is not None else None, depth + 1)
+        cls = t.py.__qualname__ if t is not None and t.py is not None else node.struct_name
+        lines.append(f"{pad}{node.name or 'value'}: {cls}")
+        for child in node.children:
+            walk(child, t.fields.get(child.name) if t is not None else None, depth + 1)
 
     for node, t in zip(nodes, types):
         walk(node, t, 2)
@@ -112,9 +111,10 @@ def format_signature(fn) -> str:
 
 def describe(op: "_op.OpDef", source: bool = False) -> str:
     """The text `opforge inspect` prints for an op defined with @opforge.op."""
-    view = op._view
-    params = op._params
+    model = op.model
+    params = op._code.params
     builder = op._code._builder
+    flat = model.lowered.flat
     signature = format_signature(op.__wrapped__)
     lines = [
         op.name,
@@ -124,9 +124,9 @@ def describe(op: "_op.OpDef", source: bool = False) -> str:
         "  mapping (parameter -> flat argument)",
     ]
     for p in params:
-        lines.extend(_tree_lines(p.node, p.type, view.flat_args, view.leaf_infos, builder.leaves, 2))
+        lines.extend(_tree_lines(p.node, p.type, flat.arguments, model.leaves, 2))
     lines.append("  returns")
-    lines.extend(_return_lines(view.returns, builder.return_types, view.flat_returns))
+    lines.extend(_return_lines(model.returns, builder.return_types, flat.returns))
     state = op._state
     if state.backward is not None:
         autograd = "backward registered"
@@ -135,7 +135,7 @@ def describe(op: "_op.OpDef", source: bool = False) -> str:
     lines.append(f"  autograd   {autograd}")
     if state.fake is not None:
         fake = "registered"
-    elif view.flat_returns:
+    elif model.return_types:
         fake = "none (torch.compile and fake tensors need one)"
     else:
         fake = "not needed (no tensor returns)"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import inspect
-import re
 import sys
 import typing
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import _C as _torch_C
 
-from . import _C, _types
+from . import _C, _types, handles
 from ._codegen import EMPTY, Builder, Leaf, OpCode, Param, _leaf_indices
 from ._types import Registrations, Resolver, TypeInfo
 
@@ -33,24 +32,39 @@ _AFTER_AUTOGRAD = _torch_C._after_autograd_keyset
 _AFTER_ADINPLACE = _torch_C._after_ADInplaceOrView_keyset
 
 
-class OpDef:
+class OpDef(_C.OpBase):
     """An operator defined with `@opforge.op`. Call it with the original
-    signature; `.overload` is the registered `torch._ops.OpOverload`."""
+    signature; `.overload` is the registered `torch._ops.OpOverload`.
 
-    __slots__ = ("name", "overload", "spec", "lowered", "_state", "_code", "_lib", "_registrations",
-                 "__wrapped__", "__dict__")
+    Eager calls enter C (`_C.OpBase`): the arguments are bound, checked and
+    converted by the op's boundary, then the body runs directly when nothing
+    could intercept the dispatcher call, or the call goes through the
+    dispatcher. `torch.compile` traces the Python `__call__` of the op's class,
+    which goes through the dispatcher."""
+
+    __slots__ = ("name", "overload", "spec", "model", "boundary", "_state", "_code", "_lib", "_registrations",
+                 "_function", "_has_autograd", "_device_kernels", "__wrapped__", "__dict__")
 
     @property
     def schema(self) -> str:
         return str(self.overload._schema)
 
+    @property
+    def lowered(self):
+        """The core's lowering result (`opforge._C.Lowered`)."""
+        return self.model.lowered
+
     def register_fake(self, fn: Callable) -> Callable:
         """Registers the shape function, written against the original signature."""
+        _check_callable(self.name, "register_fake", fn)
         self._state.fake = fn
         return fn
 
     def register_autograd(self, backward: Callable, *, setup_context: Callable | None = None) -> None:
         """Registers `backward(ctx, *grads) -> one gradient per original parameter`."""
+        _check_callable(self.name, "backward", backward)
+        if setup_context is not None:
+            _check_callable(self.name, "setup_context", setup_context)
         _install_autograd(self, backward, setup_context)
 
     def register_kernel(self, device_types: str | Sequence[str], fn: Callable | None = None):
@@ -58,6 +72,7 @@ class OpDef:
         Usable as `@op.register_kernel("cuda")`."""
 
         def register(fn: Callable) -> Callable:
+            _check_callable(self.name, "register_kernel", fn)
             _install_kernels(self, _device_list(self.name, device_types), fn)
             return fn
 
@@ -80,6 +95,41 @@ class _State:
     backward: Callable | None
     setup_context: Callable | None
     has_tensor_returns: bool
+
+
+@dataclass(frozen=True)
+class OpModel:
+    """The core's op model of one op, read once:
+
+        original: (q: Tensor, cfg: AttnCfg, mode: Literal['a','b']='a') -> Tensor
+        schema:   ns::attn(Tensor q, float cfg__scale, bool cfg__causal, str mode="a") -> Tensor
+        leaves:   LeafModel per flat argument (name, type, default, is_tensor, mutated, ...)
+        params:   MappingNode per original parameter; returns: per original return
+    """
+
+    lowered: Any
+    schema: str
+    definable_schema: str
+    leaves: tuple
+    params: tuple
+    returns: tuple
+    return_types: tuple  # flat return types, e.g. ("Tensor", "Tensor")
+    warnings: tuple
+
+    @classmethod
+    def of(cls, lowered) -> "OpModel":
+        return cls(lowered, lowered.schema, lowered.definable_schema, tuple(lowered.model_leaves),
+                   tuple(lowered.params), tuple(lowered.returns), tuple(lowered.return_types),
+                   tuple(lowered.warnings))
+
+
+@dataclass
+class Signature:
+    """What `_read_signature` reads off the decorated function."""
+
+    params: list[Param]
+    return_types: list
+    spec: str  # 'ns::f(Tensor x, mod.Cfg cfg, *, mod.Mode mode="a") -> Tensor'
 
 
 def op(
@@ -118,84 +168,36 @@ def op(
 
 def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward=None, device_types=None,
            tags=(), symm_mem_args=(), triton="auto", extra_triton_kernels=(), _caller=None) -> OpDef:
-    _C.check_op_name(name)
-    _check_free(name)
-    if isinstance(mutates_args, str):
-        raise TypeError(f"{name}: mutates_args must be a sequence of parameter names, not a string. "
-                        f"Write mutates_args=({mutates_args!r},).")
-    if setup_context is not None and backward is None:
-        raise TypeError(f"{name}: setup_context was given without backward. Pass backward= as well.")
-    devices = _device_list(name, device_types) if device_types is not None else None
-    tag_list = [tags] if isinstance(tags, torch.Tag) else list(tags)
-
+    """Registers `fn` as the op `name`: every check first, then torch's
+    registrations; a failure anywhere undoes what was done."""
+    mutates_args, devices, tag_list = _check_arguments(name, fn, mutates_args, fake, setup_context, backward,
+                                                       device_types, tags)
     regs = Registrations()
     lib = None
     symm_mem_declared = False
     try:
-        body = fn
         plan = _triton_plan(name, fn, triton, extra_triton_kernels)
-        if plan is not None:
-            body = plan.eager_body
-            if fake is None:
-                # As torch.library.triton_op: the traceable body is the fake.
-                fake = plan.traced_body
-        params, ret_types, spec = _build_spec(name, fn, regs, _caller)
-        lowered = _C.lower(spec, list(mutates_args))
-        view = _LoweredView(lowered)
-        for warning in view.warnings:
-            import warnings
-
-            warnings.warn(f"{name}: {warning}", stacklevel=3)
-        ns, opname = name.split("::")
-        leaves = _leaves(view, params)
-        lib = torch.library.Library(ns, "FRAGMENT")
-        lib.define(_definable(view.schema)[len(ns) + 2:], tags=(*tag_list, torch.Tag.pt2_compliant_tag))
-        overload = getattr(getattr(torch.ops, ns), opname).default
+        body = fn if plan is None else plan.eager_body
+        if plan is not None and fake is None:
+            fake = plan.traced_body  # as torch.library.triton_op: the traceable body is the fake
+        sig = _read_signature(name, fn, regs, _caller)
+        model = _lower(name, sig, mutates_args)
+        boundary = _make_boundary(name, sig, model)
+        lib, overload = _define_schema(name, model, tag_list)
         if symm_mem_args:
             from . import symm_mem
 
-            symm_mem.declare(name, lowered, symm_mem_args, lib=lib, stacklevel=4)
+            symm_mem.declare(name, model.lowered, symm_mem_args, lib=lib, stacklevel=4)
             symm_mem_declared = True
-
         state = _State(fn=body, fake=fake, backward=backward, setup_context=setup_context,
-                       has_tensor_returns=len(view.return_types) > 0)
-        if any(leaf.handle for leaf in leaves):
-            from . import handles
-
-            handles._decide_trace_time_registration()
-        mutated_positions = [i for i, leaf in enumerate(leaves) if leaf.mutated]
-
-        needs_autograd = object()
-        tensor_positions = [i for i, leaf in enumerate(leaves) if leaf.type_text.startswith("Tensor")]
-        fast = _C.FastPath(
-            default_kernel=body if devices is None else None,
-            kernels={d: body for d in devices} if devices is not None else {},
-            kwnames=tuple(p.name for p in params if p.kw_only),
-            mutated=tuple(tensor_positions.index(i) for i in mutated_positions),
-            has_backward=backward is not None and not mutated_positions,
-            needs_autograd=needs_autograd,
-        )
-        builder = Builder(name, params, leaves, view.returns, ret_types, len(view.return_types))
-        holder: list = []
-        code = builder.build(fast, needs_autograd, overload,
-                             lambda tensors, args: _apply_direct(holder[0], tensors, args))
-
-        opdef = _make_opdef(name, fn, overload, spec, lowered, state, code, lib)
-        holder.append(opdef)
-        opdef._registrations = []
-        opdef.__dict__.update(_fast=fast, _mutated=mutated_positions, _params=params, _view=view,
-                              _device_kernels=bool(devices), _function=None, _has_autograd=False)
-
-        if devices is None:
-            lib.impl(opname, code.make_kernel(body), "CompositeExplicitAutograd")
-        else:
-            for d in devices:
-                lib.impl(opname, code.make_kernel(body), _dispatch_key(name, d))
+                       has_tensor_returns=len(model.return_types) > 0)
+        opdef = _new_opdef(name, fn, sig, model, boundary, overload, state, lib, devices)
+        _register_kernels(opdef, body, devices)
         if plan is not None:
             _install_triton_decomposition(opdef, plan)
-        _register_fake(lib, name, _lazy_fake_kernel(code, _fake_dispatch(name, state)))
-        if mutated_positions:
-            _install_version_bump(opdef, mutated_positions)
+        _register_fake(lib, name, _lazy_fake_kernel(opdef._code, _fake_dispatch(name, state)))
+        if model.lowered.flat.arguments and any(leaf.mutated for leaf in model.leaves):
+            _install_version_bump(opdef, [i for i, leaf in enumerate(model.leaves) if leaf.mutated])
         if backward is not None:
             _install_autograd(opdef, backward, setup_context)
         else:
@@ -213,40 +215,168 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
         raise
 
 
-class _LoweredView:
-    """The parts of the core's lowering result define() reads, each fetched
-    once (every read of a binding property converts a fresh copy). The
-    per-argument schema objects are only fetched when something needs them."""
+def _check_callable(name: str, what: str, fn) -> None:
+    if not callable(fn):
+        raise TypeError(f"{name}: {what} must be a function written against the op's signature, not "
+                        f"{type(fn).__name__} {fn!r}.")
 
-    __slots__ = ("_lowered", "schema", "leaf_rows", "return_types", "params", "returns", "warnings",
-                 "_flat_args", "_flat_returns")
 
-    def __init__(self, lowered):
-        self._lowered = lowered
-        self.schema = lowered.schema
-        self.leaf_rows = lowered.leaf_rows
-        self.return_types = lowered.return_types
-        self.params = lowered.params
-        self.returns = lowered.returns
-        self.warnings = lowered.warnings
-        self._flat_args = None
-        self._flat_returns = None
+def _check_arguments(name, fn, mutates_args, fake, setup_context, backward, device_types, tags):
+    """The decorator's own arguments, checked before anything is registered:
 
-    @property
-    def flat_args(self):
-        if self._flat_args is None:
-            self._flat_args = self._lowered.flat.arguments
-        return self._flat_args
+        mutates_args="x"  ->  TypeError: ns::f: mutates_args must be a sequence ... Write mutates_args=('x',).
+    """
+    _C.check_op_name(name)
+    _check_free(name)
+    _check_callable(name, "the decorated object", fn)
+    if isinstance(mutates_args, str):
+        raise TypeError(f"{name}: mutates_args must be a sequence of parameter names, not a string. "
+                        f"Write mutates_args=({mutates_args!r},).")
+    mutates_args = list(mutates_args)
+    for what, value in (("fake", fake), ("setup_context", setup_context), ("backward", backward)):
+        if value is not None:
+            _check_callable(name, f"{what}=", value)
+    if setup_context is not None and backward is None:
+        raise TypeError(f"{name}: setup_context was given without backward. Pass backward= as well.")
+    devices = _device_list(name, device_types) if device_types is not None else None
+    tag_list = [tags] if isinstance(tags, torch.Tag) else list(tags)
+    for tag in tag_list:
+        if not isinstance(tag, torch.Tag):
+            raise TypeError(f"{name}: tags must be torch.Tag values (e.g. torch.Tag.needs_fixed_stride_order), "
+                            f"not {type(tag).__name__} {tag!r}.")
+    return mutates_args, devices, tag_list
 
-    @property
-    def flat_returns(self):
-        if self._flat_returns is None:
-            self._flat_returns = self._lowered.flat.returns
-        return self._flat_returns
 
-    @property
-    def leaf_infos(self):
-        return self._lowered.leaves
+def _lower(name: str, sig: Signature, mutates_args: list[str]) -> OpModel:
+    """The core's lowering of the spec, warnings shown once:
+
+        'ns::f(Tensor x, mod.Cfg cfg) -> Tensor' -> OpModel(schema='ns::f(Tensor x, float cfg__scale) -> Tensor', ...)
+    """
+    model = OpModel.of(_C.lower(sig.spec, mutates_args))
+    for warning in model.warnings:
+        import warnings
+
+        warnings.warn(f"{name}: {warning}", stacklevel=4)
+    return model
+
+
+def _make_boundary(name: str, sig: Signature, model: OpModel, *, duck_structs: bool = False,
+                   handles_as_ints: bool = False) -> "_C.Boundary":
+    """The op's call boundary; raises if a parameter's default does not fit
+    its type (`n: int = 1.5`)."""
+    classes, enum_values, handle_classes = _classes_of(sig.params, sig.return_types)
+    if handle_classes and not handles_as_ints:
+        handles._decide_trace_time_registration()
+    params = [(p.name, p.kw_only, p.default) for p in sig.params]
+    boundary = _C.Boundary(name, model.lowered, model.definable_schema, params, EMPTY, classes, enum_values,
+                           {} if handles_as_ints else handle_classes, handles.checked, duck_structs)
+    boundary.check_defaults()
+    return boundary
+
+
+def _classes_of(params: list[Param], return_types: list) -> tuple[dict, dict, dict]:
+    """Registered name -> class for every struct and enum the op uses, enum
+    name -> {raw value: member}, handle type -> class."""
+    classes: dict = {}
+    enum_values: dict = {}
+    handle_classes: dict = {}
+
+    def walk(t: TypeInfo | None):
+        if t is None:
+            return
+        if t.kind == "struct":
+            info = _types.STRUCTS[t.py]
+            if info.name not in classes:
+                classes[info.name] = t.py
+                for f in t.fields.values():
+                    walk(f)
+        elif t.kind == "enum":
+            info = _types.ENUMS[t.py]
+            classes[info.name] = t.py
+            enum_values[info.name] = info.by_value
+        elif t.kind == "handle":
+            handle_classes[_types.registered_name(t.py)] = t.py
+        elif t.kind == "list":
+            walk(t.element)
+
+    for p in params:
+        walk(p.type)
+    for t in return_types:
+        walk(t)
+    return classes, enum_values, handle_classes
+
+
+def _define_schema(name: str, model: OpModel, tags: list) -> tuple:
+    """`Library.define` of the flat schema; returns (library, OpOverload)."""
+    ns, opname = name.split("::")
+    lib = torch.library.Library(ns, "FRAGMENT")
+    try:
+        lib.define(model.definable_schema[len(ns) + 2:], tags=(*tags, torch.Tag.pt2_compliant_tag))
+        overload = getattr(getattr(torch.ops, ns), opname).default
+    except BaseException:
+        lib._destroy()
+        raise
+    return lib, overload
+
+
+def _leaves(model: OpModel, boundary) -> list[Leaf]:
+    """The code generator's view of the flat arguments; defaults are what a
+    Python kernel receives from torch for an argument the caller left out."""
+    defaults = boundary.flat_defaults()
+    out = []
+    for leaf, default in zip(model.leaves, defaults):
+        enum_cls = _types.ENUMS_BY_NAME[leaf.enum_name].cls if leaf.enum_name else None
+        out.append(Leaf(leaf.name, leaf.type, leaf.kwarg_only, EMPTY if default is None else default[0],
+                        tuple(leaf.allowed) if leaf.allowed else (), enum_cls, leaf.handle_type, leaf.is_presence,
+                        leaf.mutated))
+    return out
+
+
+def _new_opdef(name, fn, sig: Signature, model: OpModel, boundary, overload, state: _State, lib,
+               devices) -> OpDef:
+    """The OpDef, all its state set here. Its class is made per op, so that
+    `__call__` has the op's own signature (which Dynamo traces)."""
+    for p, node in zip(sig.params, model.params):
+        p.node = node
+    leaves = _leaves(model, boundary)
+    builder = Builder(name, sig.params, leaves, list(model.returns), sig.return_types, len(model.return_types))
+    code = builder.build(overload, boundary)
+    cls = type(f"OpDef[{name}]", (OpDef,), {"__call__": code.call, "__slots__": (), "__doc__": fn.__doc__})
+    _C.install_fast_call(cls)
+    opdef = cls.__new__(cls)
+    opdef.name = name
+    opdef.overload = overload
+    opdef.spec = sig.spec
+    opdef.model = model
+    opdef.boundary = boundary
+    opdef._state = state
+    opdef._code = code
+    opdef._lib = lib
+    opdef._registrations = []
+    opdef._function = None
+    opdef._has_autograd = False
+    opdef._device_kernels = devices is not None
+    opdef.__wrapped__ = fn
+    opdef.__dict__.update(
+        __name__=getattr(fn, "__name__", name), __qualname__=getattr(fn, "__qualname__", name),
+        __module__=getattr(fn, "__module__", None),
+    )
+    return opdef
+
+
+def _register_kernels(opdef: OpDef, body: Callable, devices: list[str] | None) -> None:
+    """The dispatcher's kernels and the C entry's: one body for every device,
+    or one per listed device type."""
+    ns, opname = opdef.name.split("::")
+    if devices is None:
+        opdef._lib.impl(opname, opdef._code.make_kernel(body), "CompositeExplicitAutograd")
+    else:
+        for d in devices:
+            opdef._lib.impl(opname, opdef._code.make_kernel(body), _dispatch_key(opdef.name, d))
+    holder = [opdef]
+    opdef._bind(opdef.boundary, body if devices is None else None, {d: body for d in devices or ()},
+                opdef._code.dispatch, lambda tensors, args: _apply_direct(holder[0], tensors, args),
+                type(opdef).__call__, False)
 
 
 _TRITON: list = []  # [the opforge.triton module, or None when unavailable]
@@ -325,15 +455,6 @@ def _install_triton_decomposition(opdef: "OpDef", plan) -> None:
             return traced_kernel(*args, **kwargs)
 
     torch.library.register_torch_dispatch(opdef.overload, FunctionalTensorMode, functional_decomp, lib=opdef._lib)
-
-
-_DEVICE_DEFAULT = re.compile(r'(\bDevice\?? \w+=)(?!None\b)([^,)"\s]+)')
-
-
-def _definable(schema: str) -> str:
-    """The flat schema as torch's parser accepts it: torch prints a Device
-    default unquoted (`Device d=cpu`) but parses only `Device d="cpu"`."""
-    return _DEVICE_DEFAULT.sub(r'\1"\2"', schema) if "Device" in schema else schema
 
 
 def _check_free(name: str) -> None:
@@ -423,7 +544,7 @@ def _signature(fn: Callable) -> tuple[list[tuple[str, Any, Any, Any]], Any]:
     return out, ann.get("return", empty)
 
 
-def _build_spec(name: str, fn: Callable, regs: Registrations, caller) -> tuple[list[Param], list, str]:
+def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Signature:
     """The op spec text for `fn`, with its parameters:
 
         def f(x: Tensor, cfg: Cfg, *, mode: Mode = Mode.A) -> Tensor
@@ -453,9 +574,6 @@ def _build_spec(name: str, fn: Callable, regs: Registrations, caller) -> tuple[l
         t = resolver.resolve(ann, where)
         text = f"{t.text} {pname}"
         if default is not empty:
-            if default is None and not t.optional and t.kind != "tensor":
-                raise TypeError(f"{name}: {where}: the default is None but the annotation "
-                                f"{_show(ann)} is not Optional. Annotate it as Optional[...].")
             dtext = _types.default_text(default, t)
             if dtext is not None:
                 text += f"={dtext}"
@@ -469,8 +587,7 @@ def _build_spec(name: str, fn: Callable, regs: Registrations, caller) -> tuple[l
         raise TypeError(f"{name}: return value: missing annotation. Add one, e.g. '-> torch.Tensor' "
                         f"or '-> None'.")
     ret_text, ret_types = _return_spec(name, resolver, ret_ann)
-    spec = f"{name}({', '.join(texts)}) -> {ret_text}"
-    return params, ret_types, spec
+    return Signature(params, ret_types, f"{name}({', '.join(texts)}) -> {ret_text}")
 
 
 def _show(ann) -> str:
@@ -498,82 +615,8 @@ def _return_spec(name: str, resolver: Resolver, ann) -> tuple[str, list]:
 
 
 def _return_item(name: str, resolver: Resolver, ann) -> TypeInfo:
-    t = resolver.resolve(ann, "return value")
-    ok = t.kind in ("tensor", "struct") or (t.kind == "scalar" and t.text in ("SymInt", "float", "bool", "Scalar")) or (
-        t.kind == "list" and t.element.kind == "tensor" and not t.optional)
-    if not ok or (t.optional and t.kind != "struct"):
-        raise TypeError(f"{name}: return value: {_show(ann)} cannot be returned from an op. Return Tensor, "
-                        f"tuple[Tensor, ...], list[Tensor], a frozen dataclass of tensors, int, float, "
-                        f"bool or None.")
-    return t
-
-
-def _leaves(view: _LoweredView, params: list[Param]) -> list[Leaf]:
-    for p, node in zip(params, view.params):
-        p.node = node
-    rows = view.leaf_rows
-    leaves = []
-    for name, type_text, kwarg_only, _has, _default, allowed, enum_name, handle, presence, mutated in rows:
-        leaves.append(
-            Leaf(name, type_text, kwarg_only, EMPTY, tuple(allowed) if allowed else (),
-                 _types.ENUMS_BY_NAME[enum_name].cls if enum_name else None, handle, presence, mutated)
-        )
-    # Python values for the flat defaults: the dispatcher leaves out trailing
-    # arguments equal to their default, so the kernel must supply them.
-    has_default = [row[3] for row in rows]
-    if any(has_default):
-        flat_defaults = [row[4] for row in rows]
-        for p in params:
-            _leaf_defaults(p.node, p.default, p.type, leaves, flat_defaults, has_default)
-    return leaves
-
-
-def _leaf_defaults(node, default, t: TypeInfo, leaves: list[Leaf], flat_defaults, has_default: list[bool]) -> None:
-    if node[0] == "leaf":
-        index = node[2]
-        if has_default[index]:
-            if default is EMPTY:
-                leaves[index].default = flat_defaults[index]
-            elif t.kind == "enum" and default is not None:
-                leaves[index].default = default.value if hasattr(default, "value") else default
-            else:
-                leaves[index].default = default
-        return
-    _, _name, _struct, optional, presence, children = node
-    if presence >= 0 and has_default[presence]:
-        leaves[presence].default = default is not None and default is not EMPTY
-    field_defaults = _types.STRUCTS[t.py].defaults
-    for child in children:
-        field = child[1]
-        if default is None:
-            sub = None
-        elif default is EMPTY:
-            sub = field_defaults.get(field, EMPTY)
-        else:
-            sub = getattr(default, field)
-        _leaf_defaults(child, sub, t.fields[field], leaves, flat_defaults, has_default)
-
-
-def _make_opdef(name, fn, overload, spec, lowered, state, code: OpCode, lib) -> OpDef:
-    cls = type(
-        f"OpDef[{name}]",
-        (OpDef,),
-        {"__call__": code.call, "__slots__": (), "__doc__": fn.__doc__},
-    )
-    opdef = cls.__new__(cls)
-    opdef.name = name
-    opdef.overload = overload
-    opdef.spec = spec
-    opdef.lowered = lowered
-    opdef._state = state
-    opdef._code = code
-    opdef._lib = lib
-    opdef.__wrapped__ = fn
-    opdef.__dict__.update(
-        __name__=getattr(fn, "__name__", name), __qualname__=getattr(fn, "__qualname__", name),
-        __module__=getattr(fn, "__module__", None),
-    )
-    return opdef
+    # Which types may be returned is the core's rule (lowering checks it).
+    return resolver.resolve(ann, "return value")
 
 
 def _fake_dispatch(name: str, state: _State) -> Callable:
@@ -601,10 +644,10 @@ def _install_kernels(opdef: OpDef, devices: list[str], fn: Callable) -> None:
     ns, opname = opdef.name.split("::")
     for d in devices:
         opdef._lib.impl(opname, opdef._code.make_kernel(fn), _dispatch_key(opdef.name, d))
-        opdef.__dict__["_fast"].set_kernel(d, fn)
+        opdef._set_kernel(d, fn)
     # The direct autograd path only knows the default body.
-    opdef.__dict__["_device_kernels"] = True
-    opdef.__dict__["_fast"].set_has_backward(False)
+    opdef._device_kernels = True
+    opdef._set_has_backward(False)
 
 
 def _install_version_bump(opdef: OpDef, mutated: list[int]) -> None:
@@ -631,7 +674,7 @@ def _install_autograd(opdef: OpDef, backward: Callable, setup_context: Callable 
     state = opdef._state
     state.backward = backward
     state.setup_context = setup_context
-    if opdef.__dict__["_has_autograd"]:
+    if opdef._has_autograd:
         return
     # Replace the no-backward kernel with the autograd bridge.
     opdef._registrations.clear()
@@ -648,9 +691,9 @@ def _install_autograd(opdef: OpDef, backward: Callable, setup_context: Callable 
             return overload.redispatch(keyset & _AFTER_AUTOGRAD, *args, **kwargs)
 
     opdef._lib.impl(opname, autograd_kernel, "Autograd", with_keyset=True)
-    opdef.__dict__["_has_autograd"] = True
-    if not opdef.__dict__["_mutated"] and not opdef.__dict__["_device_kernels"]:
-        opdef.__dict__["_fast"].set_has_backward(True)
+    opdef._has_autograd = True
+    if not any(leaf.mutated for leaf in opdef.model.leaves) and not opdef._device_kernels:
+        opdef._set_has_backward(True)
 
 
 class _Meta:
@@ -667,23 +710,18 @@ class _Meta:
 def _function(opdef: OpDef) -> type:
     """The op's autograd.Function, made on first use (making one costs more
     than registering the op)."""
-    cls = opdef.__dict__["_function"]
+    cls = opdef._function
     if cls is None:
-        cls = opdef.__dict__["_function"] = _make_function(opdef)
+        cls = opdef._function = _make_function(opdef)
     return cls
 
 
 def _apply_direct(opdef: OpDef, tensors: tuple, args: tuple):
     """The eager path for a call that needs a gradient: the autograd.Function
-    runs the body directly instead of redispatching. Later calls go straight
-    to `apply`."""
+    runs the body directly instead of redispatching. `tensors` are the tensor
+    leaves, `args` the converted original arguments."""
     apply = _function(opdef).apply
-
-    def direct(tensors, args):
-        return apply(*tensors, _Meta(None, args))
-
-    opdef._code.namespace["_autograd"] = direct
-    return direct(tensors, args)
+    return apply(*tensors, _Meta(None, args))
 
 
 def _make_function(opdef: OpDef) -> type:
@@ -693,16 +731,16 @@ def _make_function(opdef: OpDef) -> type:
     state = opdef._state
     code = opdef._code
     overload = opdef.overload
-    view = opdef.__dict__["_view"]
-    params = opdef.__dict__["_params"]
+    model = opdef.model
+    params = code.params
+    check_return = opdef.boundary.check_return
     tensor_positions = code.tensor_leaf_positions
     slot = {leaf: k for k, leaf in enumerate(tensor_positions)}
     slots_per_param = [[slot[i] for i in _leaf_indices(p.node) if i in slot] for p in params]
-    rows = view.leaf_rows
-    keyword = [row[0] for row in rows if row[2]]
-    npos = len(rows) - len(keyword)
-    leaf_returns = all(node[0] == "leaf" for node in view.returns)
-    multiple_returns = len(view.returns) > 1
+    keyword = [leaf.name for leaf in model.leaves if leaf.kwarg_only]
+    npos = len(model.leaves) - len(keyword)
+    leaf_returns = all(node.is_leaf for node in model.returns)
+    multiple_returns = len(model.returns) > 1
     positional_body = not any(p.kw_only for p in params)
     name = opdef.name
 
@@ -711,7 +749,10 @@ def _make_function(opdef: OpDef) -> type:
         keyset, payload = meta.keyset, meta.payload
         if keyset is None:
             inputs = payload
-            original_out = state.fn(*payload) if positional_body else code.body_positional(state.fn, *payload)
+            # Below autograd, as the dispatcher runs a kernel.
+            with _torch_C._AutoDispatchBelowAutograd():
+                original_out = state.fn(*payload) if positional_body else code.body_positional(state.fn, *payload)
+            original_out = check_return(original_out)
             out = original_out if leaf_returns else code.flatten_output(original_out)
         else:
             with _torch_C._AutoDispatchBelowAutograd():
@@ -743,7 +784,8 @@ def _make_function(opdef: OpDef) -> type:
         (torch.autograd.Function,),
         {"forward": staticmethod(forward), "backward": staticmethod(backward)},
     )
-    lists = any(t.startswith(("Tensor?[]", "Tensor[]")) for t in (*(row[1] for row in view.leaf_rows), *view.return_types))
+    lists = any(t.startswith(("Tensor?[]", "Tensor[]")) for t in (*(leaf.type for leaf in model.leaves),
+                                                                   *model.return_types))
     if lists:
         from torch._library.autograd import supports_tensorlist
 
@@ -763,16 +805,16 @@ def _grads_to_inputs(opdef: OpDef, params: list[Param], tensor_positions: list[i
     (its tensor leaves, then None for the _Meta input)."""
     code = opdef._code
     slot = {leaf: k for k, leaf in enumerate(tensor_positions)}
-    leaf_params = [k for k, p in enumerate(params) if p.node[0] == "leaf"]
-    struct_params = [k for k, p in enumerate(params) if p.node[0] != "leaf"]
-    other_params = [k for k in leaf_params if params[k].node[2] not in slot]
+    leaf_params = [k for k, p in enumerate(params) if p.node.is_leaf]
+    struct_params = [k for k, p in enumerate(params) if not p.node.is_leaf]
+    other_params = [k for k in leaf_params if params[k].node.leaf_index not in slot]
     count = len(params)
     # Gradients of single-leaf parameters go straight to their input slot;
     # a struct's slots stay None unless backward returned something for it.
     by_slot = ["None"] * len(tensor_positions)
     for k in leaf_params:
-        if params[k].node[2] in slot:
-            by_slot[slot[params[k].node[2]]] = f"r[{k}]"
+        if params[k].node.leaf_index in slot:
+            by_slot[slot[params[k].node.leaf_index]] = f"r[{k}]"
     pick = eval(f"lambda r: ({', '.join([*by_slot, 'None'])},)")  # noqa: S307
 
     def general(result):

@@ -152,6 +152,7 @@ class Resolver:
         self.regs = regs
         self.globalns = globalns
         self.localns = localns
+        self._resolving: set[type] = set()  # structs being registered, to catch cycles
 
     def evaluate(self, ann: Any, where: Where, globalns: dict | None = None) -> Any:
         """Resolves string annotations (PEP 563, forward references)."""
@@ -251,15 +252,10 @@ class Resolver:
 
     def _literal(self, ann: Any, where: Where) -> TypeInfo:
         values = typing.get_args(ann)
-        kinds = {type(v) for v in values}
-        if not values or not (kinds <= {str} or kinds <= {int}):
-            fail(
-                TypeError,
-                self.op,
-                where,
-                f"{ann} mixes value types or uses values other than str and int.",
-                "Use Literal of str values only or of int values only.",
-            )
+        try:
+            _C.check_literal(list(values))  # the core's rule: all str or all int
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{self.op}: {where}: {e}") from None
         text = "Literal[" + ", ".join(_quote(v) if isinstance(v, str) else str(v) for v in values) + "]"
         return TypeInfo(text, "literal", allowed=tuple(values))
 
@@ -268,20 +264,11 @@ class Resolver:
         if info is None:
             members = list(cls)
             values = [m.value for m in members]
-            kinds = {type(v) for v in values}
-            if not values or not (kinds <= {str} or kinds <= {int}):
-                fail(
-                    TypeError,
-                    self.op,
-                    where,
-                    f"enum {cls.__qualname__} has values of types {sorted(k.__name__ for k in kinds)}.",
-                    "Use an Enum whose values are all str or all int.",
-                )
             name = self._free_name(cls, lambda n: _C.describe_enum(n) == ([m.name for m in members], values))
             try:
-                added = _C.register_enum(name, [m.name for m in members], values)
+                added = _C.register_enum(name, [m.name for m in members], values)  # the core checks the values
             except (TypeError, ValueError) as e:
-                raise type(e)(f"{self.op}: {where}: {e}") from None
+                raise type(e)(f"{self.op}: {where}: {str(e).replace(repr(name), cls.__qualname__)}") from None
             if added:
                 self.regs.names.append(name)
             info = EnumInfo(name, cls, {m.value: m for m in members})
@@ -300,7 +287,14 @@ class Resolver:
     def _struct(self, cls: type, where: Where) -> TypeInfo:
         info = STRUCTS.get(cls)
         if info is None:
-            info = self._register_struct(cls, where)
+            if cls in self._resolving:
+                fail(TypeError, self.op, where, f"dataclass {cls.__qualname__} contains itself, which a flat "
+                     f"schema cannot express.", "Break the cycle: pass the nested part as its own parameter.")
+            self._resolving.add(cls)
+            try:
+                info = self._register_struct(cls, where)
+            finally:
+                self._resolving.discard(cls)
         return TypeInfo(info.name, "struct", py=cls, fields=info.fields)
 
     def _register_struct(self, cls: type, where: Where) -> StructInfo:
@@ -333,7 +327,7 @@ class Resolver:
             dtext = None if default is dataclasses.MISSING else default_text(default, finfo)
             texts.append((f.name, finfo.text, dtext))
         all_scalar = all(_is_scalar_tree(t) for t in fields.values())
-        name = self._free_name(cls, lambda n: _same_struct(n, texts))
+        name = self._free_name(cls, lambda n: _C.struct_matches(n, texts))
         try:
             added = _C.register_struct(name, texts)
         except (TypeError, ValueError) as e:
@@ -381,16 +375,6 @@ def _is_scalar_tree(t: TypeInfo) -> bool:
         return False
     if t.kind == "struct":
         return all(_is_scalar_tree(f) for f in t.fields.values())
-    return True
-
-
-def _same_struct(name: str, texts) -> bool:
-    described = _C.describe_struct(name)
-    if described is None or len(described) != len(texts):
-        return False
-    for (fname, ftype, _default, _has), (tname, ttext, _tdef) in zip(described, texts):
-        if fname != tname or str(ftype) != str(_C.parse_type(ttext)):
-            return False
     return True
 
 

@@ -23,13 +23,13 @@ def test_inspect_prints_signature_schema_and_mapping_tree(capsys):
     assert lines[0] == "opforge_demo::attention"
     assert lines[1] == "  signature  attention(q: Tensor, k: Tensor, v: Tensor, cfg: AttnCfg) -> Tensor"
     assert lines[3] == ("  schema     opforge_demo::attention(Tensor q, Tensor k, Tensor v, float cfg__scale, "
-                        "float? cfg__softcap, bool cfg__mask__is_set, bool? cfg__mask__causal, "
-                        "SymInt? cfg__mask__window) -> Tensor")
+                        "float? cfg__softcap=None, bool cfg__mask__is_set=False, bool? cfg__mask__causal=None, "
+                        "SymInt? cfg__mask__window=None) -> Tensor")
     assert "    cfg: AttnCfg" in lines
     assert "      mask: Optional[Mask]" in lines
-    assert any(line.split() == ["(is", "set)", "[5]", "bool", "cfg__mask__is_set", "(presence", "flag)"]
+    assert any(line.split() == ["(is", "set)", "[5]", "bool", "cfg__mask__is_set=False", "(presence", "flag)"]
                for line in lines)
-    assert any(line.split() == ["window", "[7]", "SymInt?", "cfg__mask__window"] for line in lines)
+    assert any(line.split() == ["window", "[7]", "SymInt?", "cfg__mask__window=None"] for line in lines)
 
 
 def test_inspect_shows_enum_values_mutation_and_struct_returns(capsys):

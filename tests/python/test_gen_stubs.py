@@ -169,5 +169,5 @@ def test_stubs_describe_an_opforge_op_by_its_registered_flat_schema(tmp_path):
 
     stub = load_stub(generate_stubs("opforge_stub_opdef", str(tmp_path))[0])
     assert signature(stub._Op_shift__default) == (
-        "(_op, /, x: 'Tensor', cfg__factor: 'float', cfg__bias: 'float', mode: 'str' = 'fast') -> 'Tensor'"
+        "(_op, /, x: 'Tensor', cfg__factor: 'float' = 2.0, cfg__bias: 'float' = 0.0, mode: 'str' = 'fast') -> 'Tensor'"
     )

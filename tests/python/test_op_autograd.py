@@ -203,8 +203,9 @@ def test_a_struct_gradient_of_the_wrong_kind_is_an_error(ns, path):
         return x * 2
 
     x, w, _ = inputs()
-    with pytest.raises(TypeError, match=rf"^{ns}::bad: backward returned a list for parameter 'p'; return None, "
-                                        r"a Weights or a dict keyed by field name."):
+    with pytest.raises(TypeError, match=rf"^{ns}::bad: backward returned a list for parameter 'p', which has no "
+                                        r"field 'w'; return None, a Weights, an object with its fields or a dict "
+                                        r"keyed by field name."):
         bad(x, Weights(w)).sum().backward()
 
 

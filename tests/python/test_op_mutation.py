@@ -34,8 +34,8 @@ def accumulate_op(name: str, mutates=("buf",)):
 
 def test_a_struct_in_mutates_args_marks_only_its_tensor_leaves(ns):
     acc = accumulate_op(f"{ns}::acc")
-    assert acc.schema == (f"{ns}::acc(Tensor x, Tensor(a1!) buf__out, Tensor(a2!)? buf__count, "
-                          f"float buf__alpha) -> ()")
+    assert acc.schema == (f"{ns}::acc(Tensor x, Tensor(a1!) buf__out, Tensor(a2!)? buf__count=None, "
+                          f"float buf__alpha=1.) -> ()")
 
 
 def test_a_leaf_name_or_a_field_path_marks_one_leaf(ns):

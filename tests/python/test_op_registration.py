@@ -40,8 +40,12 @@ def test_struct_parameter_is_registered_as_its_leaves(ns):
     def scale(x: Tensor, cfg: ScaleCfg) -> Tensor:
         return x * cfg.factor + cfg.shift
 
-    assert scale.schema == f"{ns}::scale(Tensor x, float cfg__factor, float cfg__shift) -> Tensor"
+    # A required struct's field defaults become its leaves' defaults, so
+    # torch.ops callers may omit them too.
+    assert scale.schema == f"{ns}::scale(Tensor x, float cfg__factor, float cfg__shift=0.) -> Tensor"
     assert str(getattr(torch.ops, ns).scale.default._schema) == scale.schema
+    out = getattr(torch.ops, ns).scale(torch.ones(2), 3.0)
+    assert torch.equal(out, torch.full((2,), 3.0))
 
 
 def test_nested_struct_leaves_are_joined_with_double_underscore(ns):
@@ -49,7 +53,7 @@ def test_nested_struct_leaves_are_joined_with_double_underscore(ns):
     def nested(x: Tensor, cfg: Outer) -> Tensor:
         return x + cfg.inner.bias * cfg.gain
 
-    assert nested.schema == f"{ns}::nested(Tensor x, float cfg__inner__bias, float cfg__gain) -> Tensor"
+    assert nested.schema == f"{ns}::nested(Tensor x, float cfg__inner__bias, float cfg__gain=1.) -> Tensor"
 
 
 def test_a_struct_default_is_carried_by_its_leaves(ns):
@@ -121,7 +125,7 @@ def test_keyword_only_parameters_follow_the_star_in_the_schema(ns):
     def kw(x: Tensor, *, cfg: ScaleCfg, flag: bool = False) -> Tensor:
         return x * cfg.factor if flag else x
 
-    assert kw.schema == f"{ns}::kw(Tensor x, *, float cfg__factor, float cfg__shift, bool flag=False) -> Tensor"
+    assert kw.schema == f"{ns}::kw(Tensor x, *, float cfg__factor, float cfg__shift=0., bool flag=False) -> Tensor"
     fast, slow = both_paths(kw, torch.ones(2), cfg=ScaleCfg(2.0), flag=True)
     assert torch.equal(fast, torch.full((2,), 2.0)) and torch.equal(slow, fast)
     assert torch.equal(getattr(torch.ops, ns).kw(torch.ones(2), cfg__factor=4.0, cfg__shift=0.0, flag=True), torch.full((2,), 4.0))

@@ -105,7 +105,7 @@ def test_structs_nest_to_any_depth(ns, path):
         out = x * t.a.b.c * t.k
         return out if t.a.w is None else out + t.a.w
 
-    assert deep.schema == f"{ns}::deep(Tensor x, float t__a__b__c, Tensor? t__a__w, SymInt t__k) -> Tensor"
+    assert deep.schema == f"{ns}::deep(Tensor x, float t__a__b__c, Tensor? t__a__w=None, SymInt t__k=2) -> Tensor"
     w = torch.tensor([10.0, 20.0])
     out = deep(torch.ones(2), Top(Mid(Leaf3(1.5), w), k=3))
     assert torch.equal(out, torch.tensor([14.5, 24.5]))
@@ -289,7 +289,7 @@ def test_an_optional_struct_field_may_be_none_at_any_level(ns, path):
         record(o=o)
         return x if o.inner is None or o.inner.w is None else x + o.inner.w
 
-    assert opt2.schema == f"{ns}::opt2(Tensor x, bool o__inner__is_set, float? o__inner__b__c, Tensor? o__inner__w) -> Tensor"
+    assert opt2.schema == f"{ns}::opt2(Tensor x, bool o__inner__is_set=False, float? o__inner__b__c=None, Tensor? o__inner__w=None) -> Tensor"
     assert torch.equal(opt2(torch.ones(1), Opt2()), torch.ones(1))
     assert seen["o"] == Opt2()
     assert torch.equal(opt2(torch.ones(1), Opt2(Mid(Leaf3(1.0), torch.ones(1)))), torch.full((1,), 2.0))

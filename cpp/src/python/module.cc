@@ -24,7 +24,7 @@ namespace py = pybind11;
 
 namespace opforge {
 
-void InitFastPath(py::module_& m);
+void InitBoundary(py::module_& m);
 
 namespace {
 
@@ -95,23 +95,68 @@ py::object ToPython(const Value& v) {
   return py::none();
 }
 
-py::list NodesToPython(const std::vector<MappingNode>& nodes);
+// One flat argument as the front ends see it: the schema argument and what
+// lowering knows about it, in one immutable object.
+struct LeafModel {
+  std::string name;
+  std::string type;  // flat schema type, e.g. "SymInt[]?"
+  bool kwarg_only = false;
+  bool has_default = false;
+  py::object default_value;  // the schema default as a Python value (raw: codes, strings)
+  bool is_tensor = false;
+  std::string path;
+  py::object allowed;  // list of Literal/Enum values, or None
+  std::string enum_name;
+  std::string handle_type;
+  bool is_presence = false;
+  bool mutated = false;
+  bool default_from_field = false;
+};
 
-// A mapping node as a plain tuple, cheap to walk from Python:
-//   ("leaf", name, leaf_index)
-//   ("struct", name, struct_name, optional, presence_index, [children])
-py::tuple NodeToPython(const MappingNode& node) {
-  if (node.kind == MappingNode::Kind::kLeaf) {
-    return py::make_tuple("leaf", node.name, node.leaf_index);
+std::vector<LeafModel> LeafModels(const LoweredOp& l) {
+  std::vector<LeafModel> out;
+  out.reserve(l.flat.arguments.size());
+  for (size_t i = 0; i < l.flat.arguments.size(); ++i) {
+    const Argument& a = l.flat.arguments[i];
+    const LeafInfo& info = l.leaves[i];
+    LeafModel m;
+    m.name = a.name;
+    m.type = TypeStr(*a.type);
+    m.kwarg_only = a.kwarg_only;
+    m.has_default = a.default_value.has_value();
+    m.default_value = a.default_value ? ToPython(*a.default_value) : py::none();
+    m.is_tensor = IsTensorLike(*a.type);
+    m.path = info.path;
+    if (info.allowed.empty()) {
+      m.allowed = py::none();
+    } else {
+      py::list values;
+      for (const auto& v : info.allowed) values.append(ToPython(v));
+      m.allowed = std::move(values);
+    }
+    m.enum_name = info.enum_name;
+    m.handle_type = info.handle_type;
+    m.is_presence = info.is_presence;
+    m.mutated = info.mutated;
+    m.default_from_field = info.default_from_field;
+    out.push_back(std::move(m));
   }
-  return py::make_tuple("struct", node.name, node.struct_name, node.optional,
-                        node.presence_index, NodesToPython(node.children));
+  return out;
 }
 
-py::list NodesToPython(const std::vector<MappingNode>& nodes) {
-  py::list out;
-  for (const auto& node : nodes) out.append(NodeToPython(node));
-  return out;
+// A Python constant as a core Value. A value the core has no kind for is
+// carried as its repr (in a kind the core's checks reject), so their
+// messages can show it.
+Value FromPython(py::handle v) {
+  if (py::isinstance<py::bool_>(v)) return Value::Bool(v.cast<bool>());
+  if (py::isinstance<py::int_>(v)) {
+    int overflow = 0;
+    const long long i = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow == 0) return Value::Int(i);
+  }
+  if (py::isinstance<py::str>(v)) return Value::String(v.cast<std::string>());
+  if (py::isinstance<py::float_>(v)) return Value::Double(v.cast<double>());
+  return Value::Device(py::repr(v).cast<std::string>());
 }
 
 void Translate(const Error& e) {
@@ -202,35 +247,54 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("is_presence", &LeafInfo::is_presence)
       .def_readonly("mutated", &LeafInfo::mutated);
 
+  // The mapping tree: a parameter (or return) and, for a struct, its fields.
+  //   node.kind == "leaf":   node.name, node.leaf_index
+  //   node.kind == "struct": node.name, node.struct_name, node.optional,
+  //                          node.presence_index, node.children
+  py::class_<MappingNode>(m, "MappingNode")
+      .def_property_readonly("kind", [](const MappingNode& n) {
+        return n.kind == MappingNode::Kind::kLeaf ? "leaf" : "struct";
+      })
+      .def_property_readonly("is_leaf", [](const MappingNode& n) { return n.kind == MappingNode::Kind::kLeaf; })
+      .def_readonly("name", &MappingNode::name)
+      .def_readonly("leaf_index", &MappingNode::leaf_index)
+      .def_readonly("struct_name", &MappingNode::struct_name)
+      .def_readonly("optional", &MappingNode::optional)
+      .def_readonly("presence_index", &MappingNode::presence_index)
+      .def_readonly("children", &MappingNode::children)
+      .def("__repr__", [](const MappingNode& n) {
+        return n.kind == MappingNode::Kind::kLeaf
+                   ? "<MappingNode leaf " + n.name + " -> " + std::to_string(n.leaf_index) + ">"
+                   : "<MappingNode struct " + n.name + ": " + n.struct_name + ">";
+      });
+
+  py::class_<LeafModel>(m, "LeafModel")
+      .def_readonly("name", &LeafModel::name)
+      .def_readonly("type", &LeafModel::type)
+      .def_readonly("kwarg_only", &LeafModel::kwarg_only)
+      .def_readonly("has_default", &LeafModel::has_default)
+      .def_readonly("default", &LeafModel::default_value)
+      .def_readonly("is_tensor", &LeafModel::is_tensor)
+      .def_readonly("path", &LeafModel::path)
+      .def_readonly("allowed", &LeafModel::allowed)
+      .def_readonly("enum_name", &LeafModel::enum_name)
+      .def_readonly("handle_type", &LeafModel::handle_type)
+      .def_readonly("is_presence", &LeafModel::is_presence)
+      .def_readonly("mutated", &LeafModel::mutated)
+      .def_readonly("default_from_field", &LeafModel::default_from_field)
+      .def("__repr__", [](const LeafModel& l) { return "<LeafModel " + l.type + " " + l.name + ">"; });
+
   py::class_<LoweredOp>(m, "Lowered")
       .def_readonly("original", &LoweredOp::original)
       .def_readonly("flat", &LoweredOp::flat)
       .def_property_readonly("schema", [](const LoweredOp& l) { return ToString(l.flat); })
       .def_readonly("leaves", &LoweredOp::leaves)
-      .def_property_readonly("params", [](const LoweredOp& l) { return NodesToPython(l.params); })
-      .def_property_readonly("returns", [](const LoweredOp& l) { return NodesToPython(l.returns); })
+      .def_readonly("params", &LoweredOp::params)
+      .def_readonly("returns", &LoweredOp::returns)
       .def_readonly("warnings", &LoweredOp::warnings)
-      // One call for what a front end reads per flat argument, instead of
-      // a binding call per attribute:
-      //   (name, type, kwarg_only, has_default, default, allowed, enum_name,
-      //    handle_type, is_presence, mutated)
-      .def_property_readonly("leaf_rows", [](const LoweredOp& l) {
-        py::list rows;
-        for (size_t i = 0; i < l.flat.arguments.size(); ++i) {
-          const Argument& a = l.flat.arguments[i];
-          const LeafInfo& info = l.leaves[i];
-          py::object allowed = py::none();
-          if (!info.allowed.empty()) {
-            py::list values;
-            for (const auto& v : info.allowed) values.append(ToPython(v));
-            allowed = std::move(values);
-          }
-          rows.append(py::make_tuple(a.name, TypeStr(*a.type), a.kwarg_only, a.default_value.has_value(),
-                                     a.default_value ? ToPython(*a.default_value) : py::none(), allowed,
-                                     info.enum_name, info.handle_type, info.is_presence, info.mutated));
-        }
-        return rows;
-      })
+      .def_property_readonly("definable_schema", [](const LoweredOp& l) { return ToDefinableString(l.flat); })
+      .def_property_readonly("model_leaves", &LeafModels,
+                             "Every flat argument with what lowering knows about it, in order.")
       .def_property_readonly("return_types", [](const LoweredOp& l) {
         std::vector<std::string> out;
         for (const auto& r : l.flat.returns) out.push_back(TypeStr(*r.type));
@@ -274,24 +338,34 @@ PYBIND11_MODULE(_C, m) {
           EnumDef def;
           def.name = name;
           def.members = members;
-          for (const auto& v : values) {
-            if (py::isinstance<py::bool_>(v)) {
-              throw Error(ErrorKind::kTypeError, "", "enum '" + name + "'",
-                          "has a bool value.", "Use str or int values.");
-            } else if (py::isinstance<py::int_>(v)) {
-              def.values.push_back(Value::Int(v.cast<int64_t>()));
-            } else if (py::isinstance<py::str>(v)) {
-              def.values.push_back(Value::String(v.cast<std::string>()));
-            } else {
-              throw Error(ErrorKind::kTypeError, "", "enum '" + name + "'",
-                          "has a value of type " + std::string(py::str(py::type::of(v).attr("__name__"))) +
-                              ".",
-                          "Use str or int values.");
-            }
-          }
+          for (const auto& v : values) def.values.push_back(FromPython(v));
           return TypeRegistry::Global().AddEnum(std::move(def));
         },
-        py::arg("name"), py::arg("members"), py::arg("values"));
+        py::arg("name"), py::arg("members"), py::arg("values"),
+        "Registers an enum; the core checks its values (all str or all int).");
+  m.def("check_literal",
+        [](const py::list& values) {
+          std::vector<Value> converted;
+          for (const auto& v : values) converted.push_back(FromPython(v));
+          CheckLiteralValues(converted);
+        },
+        py::arg("values"), "Raises TypeError unless the values are all str or all int.");
+  m.def("struct_matches",
+        [](const std::string& name,
+           const std::vector<std::tuple<std::string, std::string, std::optional<std::string>>>& fields) {
+          // Whether `name` is registered with exactly this layout, defaults included.
+          auto& registry = TypeRegistry::Global();
+          auto existing = registry.FindStruct(name);
+          if (!existing) return false;
+          std::vector<FieldText> texts;
+          for (const auto& [field, type, def] : fields) texts.push_back({field, type, def});
+          try {
+            return SameLayout(*existing, MakeStruct(name, texts, registry));
+          } catch (const Error&) {
+            return false;
+          }
+        },
+        py::arg("name"), py::arg("fields"));
   m.def("remove_type", [](const std::string& name) { return TypeRegistry::Global().Remove(name); },
         py::arg("name"));
   m.def("has_type", [](const std::string& name) { return TypeRegistry::Global().Contains(name); },
@@ -316,7 +390,7 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(def->members, values);
   });
 
-  InitFastPath(m);
+  InitBoundary(m);
 
   py::class_<KernelRegistration>(m, "KernelRegistration");
   m.def("register_no_backward_kernel",

@@ -28,10 +28,10 @@ def signature_types(name: str, fn, caller) -> tuple[list[Param], list[TypeInfo]]
     without registering anything. Raises exactly the errors `define` raises."""
     regs = Registrations()
     try:
-        params, ret_types, _spec = _op._build_spec(name, fn, regs, caller)
+        sig = _op._read_signature(name, fn, regs, caller)
     finally:
         regs.rollback()
-    return params, ret_types
+    return sig.params, sig.return_types
 
 
 def holds_tensors(t: TypeInfo) -> bool:

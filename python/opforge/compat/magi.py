@@ -372,14 +372,14 @@ def _meta_from_param_names(op_name: str, params: list[Param], names: list[str]) 
 
 def _mapping_tree(opdef: _op.OpDef, params: list[Param]) -> list[tuple]:
     """MagiCompiler's `param_mapping_tree`, built from opforge's."""
-    leaf_names = [a.name for a in opdef.lowered.flat.arguments]
+    leaf_names = [leaf.name for leaf in opdef.model.leaves]
 
     def convert(node, t: TypeInfo):
-        if node[0] == "leaf":
-            return ("primitive", node[1], leaf_names[node[2]], None)
-        return ("dataclass", node[1], t.py, [convert(c, t.fields[c[1]]) for c in node[5]])
+        if node.is_leaf:
+            return ("primitive", node.name, leaf_names[node.leaf_index], None)
+        return ("dataclass", node.name, t.py, [convert(c, t.fields[c.name]) for c in node.children])
 
-    return [convert(node, p.type) for node, p in zip(opdef.lowered.params, params)]
+    return [convert(node, p.type) for node, p in zip(opdef.model.params, params)]
 
 
 def _record_flags(op_name: str, compute_sensitive: bool, subgraph_boundary: bool) -> None:

@@ -1,0 +1,164 @@
+// The call boundary of opforge ops: binding a call to the original
+// signature, converting every leaf the way torch's dispatcher converts it,
+// rebuilding structs, and checking what the body returns.
+//
+//   b = _C.Boundary(op, lowered, definable_schema, params, classes, handle_check)
+//   b.convert((x, Cfg(2, True)), {})  # (x, Cfg(scale=2.0, causal=True))
+//   b.check_return(out)                # out, converted like a return of the schema
+//
+// One Boundary serves every path: the eager fast path (OpObject below), the
+// dispatcher path (the generated Python calls convert/check_return), and the
+// autograd bridge, so they cannot disagree.
+#pragma once
+
+#include <Python.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <ATen/core/function_schema.h>
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "opforge/spec.h"
+
+namespace opforge {
+
+// How one flat leaf is checked and converted, derived from its torch type.
+struct LeafRule {
+  enum class Kind : uint8_t {
+    kTensor,
+    kInt,
+    kFloat,
+    kBool,
+    kStr,
+    kScalar,
+    kScalarType,
+    kLayout,
+    kMemoryFormat,
+    kDevice,
+    kGenerator,
+    kList,
+    kOther,
+  };
+  Kind kind = Kind::kOther;
+  bool optional = false;
+  c10::TypePtr type;  // the non-optional torch type
+  std::optional<int32_t> N;
+  std::string expected;  // "an int (SymInt)", for messages
+  std::shared_ptr<LeafRule> element;  // kList
+};
+
+// A small cache of struct instances that passed unchanged: frozen
+// dataclasses of scalars cannot change, so the next call with the same
+// instance needs no check. Holds strong references.
+struct StructCache {
+  std::array<PyObject*, 8> items{};
+  size_t next = 0;
+  bool Contains(PyObject* obj) const {
+    for (PyObject* item : items) {
+      if (item == obj) return true;
+    }
+    return false;
+  }
+  void Add(PyObject* obj);
+  ~StructCache();
+};
+
+// One original parameter (or return), as a tree over the flat leaves.
+struct Node {
+  enum class Kind : uint8_t { kLeaf, kEnum, kLiteral, kHandle, kStruct };
+  Kind kind = Kind::kLeaf;
+  bool optional = false;
+  bool is_list = false;  // kEnum/kLiteral: a list of them
+  LeafRule rule;         // kLeaf; the raw value's rule for kEnum/kLiteral
+  int tensor_slot = -1;  // kLeaf holding tensors: its index among the tensor leaves
+  std::string where;     // "parameter 'cfg', field Cfg.scale"
+  pybind11::object cls;       // kStruct/kEnum/kHandle
+  pybind11::object by_value;  // kEnum: raw value -> member
+  pybind11::object allowed;   // kLiteral: frozenset of values
+  std::string allowed_repr;   // kLiteral: the values in declaration order, for errors
+  std::vector<pybind11::object> field_names;  // kStruct, interned
+  pybind11::object kwnames;  // kStruct: tuple of field names, for construction
+  std::vector<Node> children;  // kStruct
+  bool cacheable = false;      // kStruct: only immutable scalar leaves below
+  std::shared_ptr<StructCache> cache;  // kStruct at the top, when cacheable
+};
+
+class Boundary {
+ public:
+  // Builds the plan. `params`: [(name, kw_only, default or `empty`)];
+  // `classes`: registered struct/enum name -> Python class; `enum_values`:
+  // enum name -> {raw value: member}; `handle_classes`: handle type -> class.
+  Boundary(std::string op, const LoweredOp& lowered, const std::string& definable_schema,
+           pybind11::list params, pybind11::object empty, pybind11::dict classes,
+           pybind11::dict enum_values, pybind11::dict handle_classes,
+           pybind11::object handle_check, bool duck_structs);
+  ~Boundary();
+
+  const std::string& op() const { return op_; }
+  size_t num_params() const { return params_.size(); }
+  size_t num_positional() const { return num_positional_; }
+  size_t num_tensor_slots() const { return num_tensor_slots_; }
+  PyObject* body_kwnames() const { return body_kwnames_.ptr(); }  // may be null
+
+  // Binds a vectorcall to the parameters (borrowed references in `out`,
+  // defaults filled in). False when Python's own binding would raise; the
+  // caller then lets Python raise its message.
+  bool Bind(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out) const;
+
+  // Converts bound values in place into new references (`out`), noting the
+  // tensor leaves (borrowed from `out`'s objects) in `tensors`. Sets a Python
+  // error and returns false on bad input; `out` then holds nothing.
+  bool ConvertAll(PyObject* const* values, PyObject** out, PyObject** tensors,
+                  std::vector<PyObject*>& keep);
+
+  // A new reference to the converted return value, or null with an error set.
+  PyObject* CheckReturn(PyObject* value);
+
+  // Positions (among the tensor leaves) of mutated tensors.
+  const std::vector<int>& mutated_slots() const { return mutated_slots_; }
+
+  // Python-facing helpers.
+  pybind11::tuple ConvertCall(pybind11::args args, pybind11::kwargs kwargs);
+  pybind11::tuple TensorLeaves(pybind11::tuple converted);
+  pybind11::list FlatDefaults();
+  void CheckDefaults();
+
+ private:
+  PyObject* Convert(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep,
+                    const char* context);
+  PyObject* ConvertStruct(Node& node, PyObject* obj, PyObject** tensors,
+                          std::vector<PyObject*>& keep, const char* context);
+  PyObject* ConvertReturnNode(Node& node, PyObject* obj);
+  Node BuildParam(const MappingNode& m, const LoweredOp& lowered, const c10::FunctionSchema& flat,
+                  const std::string& where, pybind11::dict classes, pybind11::dict enum_values,
+                  pybind11::dict handle_classes, bool top);
+  Node BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat, const std::string& where,
+                   pybind11::dict classes);
+
+  std::string op_;
+  std::vector<pybind11::object> names_;      // interned parameter names
+  std::vector<bool> kw_only_;
+  std::vector<pybind11::object> defaults_;   // null object: required
+  size_t num_positional_ = 0;
+  std::vector<Node> params_;
+  std::vector<Node> returns_;
+  size_t num_tensor_slots_ = 0;
+  std::vector<int> mutated_slots_;
+  pybind11::object body_kwnames_;
+  pybind11::object handle_check_;
+  bool duck_structs_ = false;
+  c10::FunctionSchema flat_;
+};
+
+// Whether the eager fast path may run for these tensor leaves:
+// -1 dispatcher path, 0 run the body, 1 a gradient is needed.
+int FastPathMode(PyObject* const* tensors, size_t n, bool mutates, c10::DeviceType* device);
+
+void InitBoundary(pybind11::module_& m);
+
+}  // namespace opforge
