@@ -48,6 +48,12 @@ EMPTY = inspect.Parameter.empty
 _HASHABLE_LEAF = ("SymInt", "int", "float", "bool", "str", "ScalarType", "Device", "Layout", "MemoryFormat")
 
 
+class GradientCountError(RuntimeError, ValueError):
+    """A backward returned more or fewer gradients than the op has
+    parameters. A RuntimeError, as torch.autograd raises for this, and a
+    ValueError, as MagiCompiler's decorator raises."""
+
+
 @dataclass
 class Param:
     name: str
@@ -750,7 +756,7 @@ def _make_flatten_grads(builder: Builder):
             grads = (grads,)
         if len(grads) != len(params):
             names = ", ".join(p.name for p in params)
-            raise RuntimeError(
+            raise GradientCountError(
                 f"{op}: backward returned {len(grads)} gradient(s) but the op has {len(params)} "
                 f"parameter(s) ({names}); return one per parameter, None where there is none."
             )

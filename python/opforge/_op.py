@@ -167,9 +167,12 @@ def op(
 
 
 def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward=None, device_types=None,
-           tags=(), symm_mem_args=(), triton="auto", extra_triton_kernels=(), _caller=None) -> OpDef:
+           tags=(), symm_mem_args=(), triton="auto", extra_triton_kernels=(), _caller=None,
+           _default_fake=None) -> OpDef:
     """Registers `fn` as the op `name`: every check first, then torch's
-    registrations; a failure anywhere undoes what was done."""
+    registrations; a failure anywhere undoes what was done. `_default_fake`
+    (for front ends such as compat.magi) makes the fake of an op that is
+    neither given one nor a Triton op, and may raise to reject the op."""
     mutates_args, devices, tag_list = _check_arguments(name, fn, mutates_args, fake, setup_context, backward,
                                                        device_types, tags)
     regs = Registrations()
@@ -180,6 +183,8 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
         body = fn if plan is None else plan.eager_body
         if plan is not None and fake is None:
             fake = plan.traced_body  # as torch.library.triton_op: the traceable body is the fake
+        if fake is None and _default_fake is not None:
+            fake = _default_fake()
         sig = _read_signature(name, fn, regs, _caller)
         model = _lower(name, sig, mutates_args)
         boundary = _make_boundary(name, sig, model)

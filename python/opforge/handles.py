@@ -73,7 +73,12 @@ def _remember(obj: Any, handle: int) -> None:
         pass
 
 
-def _gone(key: int, box: list[int]) -> None:
+def _gone(key: int, box: list[int], _finalizing=sys.is_finalizing) -> None:
+    # At exit the interpreter tears down this module's globals before the
+    # last runners die; the table goes with the process, so there is nothing
+    # to release (and touching the globals would print "Exception ignored").
+    if _finalizing():
+        return
     with _lock:
         if box:
             _C.handle_release(box[0])

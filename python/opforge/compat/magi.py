@@ -43,6 +43,7 @@ import torch
 from .. import _op
 from .._codegen import EMPTY, Param
 from .._types import TypeInfo
+from ..triton import _kernels
 from ._common import all_tensor_params, check_name_free, signature_types
 
 __all__ = ["compute_sensitive_ops", "magi_register_custom_op", "subgraph_boundary_ops"]
@@ -150,21 +151,28 @@ def _register(fn, op_name, *, mutates_args, meta, setup_context_fn, backward_fn,
     if plan and setup_context_fn is not None:
         setup_context_fn = _setup_with_raw_values(setup_context_fn, plan)
 
-    opdef = _op.define(
-        op_name,
-        body,
-        mutates_args=mutates_args,
-        fake=fake,
-        setup_context=setup_context_fn,
-        backward=backward_fn,
-        triton=triton,
-        extra_triton_kernels=extra_triton_kernels,
-        _caller=caller,
-    )
-    # No meta function: a Triton op traces its own body (as MagiCompiler's
-    # triton_op path does); any other op gets the identity meta.
-    if opdef._state.fake is None and ret_types:
-        opdef.register_fake(_identity_meta(op_name, params, ret_types))
+    try:
+        opdef = _op.define(
+            op_name,
+            body,
+            mutates_args=mutates_args,
+            fake=fake,
+            setup_context=setup_context_fn,
+            backward=backward_fn,
+            triton=triton,
+            extra_triton_kernels=extra_triton_kernels,
+            _caller=caller,
+            # No meta function: a Triton op traces its own body (as
+            # MagiCompiler's triton_op path does); any other op gets the
+            # identity meta.
+            _default_fake=(lambda: _identity_meta(op_name, params, ret_types)) if ret_types else None,
+        )
+    except _kernels.KernelError as e:
+        # MagiCompiler rejects an outermost @triton.heuristics with a
+        # RuntimeError; code written against it catches that.
+        if _kernels.classify(e.kernel) == "heuristics":
+            raise RuntimeError(str(e)) from None
+        raise
     opdef.__wrapped__ = fn
     tree = _mapping_tree(opdef, params)
     opdef._magi_torch_registered_op = opdef.overload
@@ -286,13 +294,44 @@ def _tensors_in(value, t: TypeInfo):
             yield from _tensors_in(getattr(value, name), ft)
 
 
+def _tensor_leaf_count(t: TypeInfo) -> int | None:
+    """How many tensors describe a value of this return type, or None if
+    some part of it is not a (non-optional) Tensor."""
+    if t.optional:
+        return None
+    if t.kind == "tensor":
+        return 1
+    if t.kind == "struct":
+        counts = [_tensor_leaf_count(ft) for ft in t.fields.values()]
+        return None if any(c is None for c in counts) else sum(counts)
+    return None
+
+
+def _build_like(t: TypeInfo, tensors) -> Any:
+    """A return value of type `t` whose tensors come from `tensors` in leaf order."""
+    if t.kind == "tensor":
+        return next(tensors)
+    return t.py(**{name: _build_like(ft, tensors) for name, ft in t.fields.items()})
+
+
 def _identity_meta(op_name: str, params: list[Param], ret_types: list[TypeInfo]) -> Callable:
     """MagiCompiler's default meta: output i is `empty_like` of the i-th
     tensor input. `f(scale: float, x, y) -> tuple[Tensor, Tensor]` gives
-    `(empty_like(x), empty_like(y))`."""
-    count = len(ret_types)
-    tensors_only = all(t.kind == "tensor" and not t.optional for t in ret_types)
+    `(empty_like(x), empty_like(y))`; a returned dataclass of tensors takes
+    one input per tensor field, in field order."""
+    counts = [_tensor_leaf_count(t) for t in ret_types]
+    tensors_only = all(c is not None for c in counts)
     returns = ", ".join(t.text for t in ret_types)
+    for t, c in zip(ret_types, counts):
+        if t.kind == "struct" and c is None:
+            # Eager calls would work and torch.compile would fail later; say
+            # so where the op is declared.
+            raise TypeError(
+                f"{op_name}: the default meta function describes Tensor outputs only, and the returned "
+                f"{t.py.__qualname__} has fields that are not Tensors. Pass infer_output_meta_fn= (a "
+                f"function returning a {t.py.__qualname__} of empty tensors)."
+            )
+    count = sum(c or 0 for c in counts)
 
     def identity_meta(*args, **kwargs):
         if not tensors_only:
@@ -305,8 +344,9 @@ def _identity_meta(op_name: str, params: list[Param], ret_types: list[TypeInfo])
             for t in _tensors_in(value, p.type):
                 found.append(t)
                 if len(found) == count:
-                    outs = [torch.empty_like(x) for x in found]
-                    return outs[0] if count == 1 else tuple(outs)
+                    empties = iter([torch.empty_like(x) for x in found])
+                    outs = [_build_like(t, empties) for t in ret_types]
+                    return outs[0] if len(outs) == 1 else tuple(outs)
         raise ValueError(
             f"{op_name}: the default meta function needs {count} tensor input(s) to copy the output "
             f"shape(s) from, but the call has {len(found)}. Pass infer_output_meta_fn= (a function, or "

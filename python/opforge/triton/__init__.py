@@ -100,7 +100,7 @@ def plan(name: str, fn: Callable, *, mode: str = "auto", extra_kernels: tuple = 
     for k in kernels.values():
         problem = _kernels.problem(k)
         if problem is not None:
-            raise ValueError(f"{name}: {problem}")
+            raise _kernels.KernelError(f"{name}: {problem}", kernel=k)
     if scan.opaque:
         op, at = scan.opaque[0]
         first = next(iter(kernels.values()))

@@ -97,7 +97,11 @@ def problem(kernel: Any) -> str | None:
 
 
 class KernelError(ValueError):
-    """A launch that cannot be made traceable, found while tracing."""
+    """A kernel that cannot be made traceable; `kernel` is the kernel."""
+
+    def __init__(self, message: str, kernel: Any = None):
+        super().__init__(message)
+        self.kernel = kernel
 
 
 def wrap(obj: Any) -> Any:

@@ -569,6 +569,31 @@ class TestAutograd:
         assert_close(w.grad, x)
         assert b.grad is None
 
+    def test_dataclass_gradient_may_be_any_object_with_its_field_names(self):
+        @dataclass(frozen=True)
+        class Affine:
+            weight: torch.Tensor
+            bias: torch.Tensor
+
+        def setup(ctx, inputs, output):
+            x, cfg = inputs
+            ctx.save_for_backward(x)
+
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return None, types.SimpleNamespace(weight=grad * x, bias=grad * 2)
+
+        @magi_register_custom_op(name="magi_test::affine_namespace", setup_context_fn=setup,
+                                 backward_fn=backward)
+        def affine_namespace(x: torch.Tensor, cfg: Affine) -> torch.Tensor:
+            return x * cfg.weight + cfg.bias
+
+        x = torch.randn(3)
+        w, b = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+        affine_namespace(x, Affine(w, b)).sum().backward()
+        assert_close(w.grad, x)
+        assert_close(b.grad, torch.full((3,), 2.0))
+
     def test_none_for_a_whole_dataclass_means_no_gradient_for_any_field(self):
         @dataclass(frozen=True)
         class Holder:
@@ -605,9 +630,12 @@ class TestAutograd:
             return x * 2
 
         x = torch.randn(2, requires_grad=True)
-        with pytest.raises(RuntimeError, match=r"magi_test::grad_count: backward returned 2 gradient\(s\) "
-                                               r"but the op has 1 parameter"):
+        # MagiCompiler raises ValueError here; torch's autograd would raise
+        # RuntimeError: the error is both.
+        with pytest.raises(ValueError, match=r"magi_test::grad_count: backward returned 2 gradient\(s\) "
+                                             r"but the op has 1 parameter") as info:
             grad_count(x).sum().backward()
+        assert isinstance(info.value, RuntimeError)
 
     def test_gradient_without_backward_is_a_clear_error(self):
         @magi_register_custom_op(name="magi_test::no_backward")
@@ -708,3 +736,68 @@ def test_opdef_is_returned_and_keeps_the_original_function():
     op = magi_register_custom_op(name="magi_test::keeps_fn")(body)
     assert op.__wrapped__ is body and op.__doc__ == "Adds one."
     assert_close(op(torch.zeros(1)), torch.ones(1))
+
+
+@dataclass(frozen=True)
+class Pair:
+    low: torch.Tensor
+    high: torch.Tensor
+
+
+def test_a_dataclass_of_tensors_returned_works_eagerly_and_compiled_with_the_default_meta():
+    @magi_register_custom_op(name="magi_test::split_pair")
+    def split_pair(x: torch.Tensor, y: torch.Tensor) -> Pair:
+        return Pair(torch.minimum(x, y), torch.maximum(x, y))
+
+    x, y = torch.randn(5), torch.randn(5)
+    eager = split_pair(x, y)
+    graph = compiled(lambda a, b: split_pair(a, b))(x, y)
+    assert type(eager) is Pair and type(graph) is Pair
+    assert_close(graph.low, torch.minimum(x, y))
+    assert_close(graph.high, eager.high)
+
+
+def test_a_returned_dataclass_the_default_meta_cannot_describe_is_rejected_at_decoration():
+    @dataclass(frozen=True)
+    class Stats:
+        value: torch.Tensor
+        count: int
+
+    with pytest.raises(TypeError, match=r"magi_test::stats: the default meta function describes Tensor outputs "
+                                        r"only, and the returned .*Stats has fields that are not Tensors. Pass "
+                                        r"infer_output_meta_fn="):
+
+        @magi_register_custom_op(name="magi_test::stats")
+        def stats(x: torch.Tensor) -> Stats:
+            return Stats(x.sum(), x.numel())
+
+    with pytest.raises(AttributeError):
+        torch.ops.magi_test.stats.default
+
+    @magi_register_custom_op(name="magi_test::stats", infer_output_meta_fn=lambda x: Stats(x.sum(), 3))
+    def stats_with_meta(x: torch.Tensor) -> Stats:
+        return Stats(x.sum(), x.numel())
+
+    assert stats_with_meta(torch.ones(3)).count == 3
+
+
+def test_an_outermost_triton_heuristics_kernel_is_a_runtime_error_as_in_magi():
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    @triton.heuristics({"BLOCK": lambda args: 16})
+    @triton.jit
+    def copy_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+        pass
+
+    with pytest.raises(RuntimeError, match=r"magi_test::heuristic_top: Triton kernel 'copy_kernel' has "
+                                           r"@triton.heuristics as its outermost decorator"):
+
+        @magi_register_custom_op(name="magi_test::heuristic_top")
+        def heuristic_top(x: torch.Tensor) -> torch.Tensor:
+            out = torch.empty_like(x)
+            copy_kernel[(1,)](x, out)
+            return out
+
+    with pytest.raises(AttributeError):
+        torch.ops.magi_test.heuristic_top.default
