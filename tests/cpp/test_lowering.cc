@@ -122,6 +122,12 @@ TEST_F(LoweringTest, OptionalStructAddsPresenceLeafAndOptionalFields) {
   EXPECT_EQ(ToString(op.flat),
             "mylib::f(Tensor x, bool cfg__is_set=False, float? cfg__scale=None, Tensor? cfg__w=None, "
             "int[]? cfg__dims=None, Tensor? cfg__bias=None) -> Tensor");
+  // Fields optional only because the struct is: a caller passing a Cfg must
+  // still give them; `bias` was Optional to begin with.
+  EXPECT_TRUE(op.leaves[2].forced_optional);
+  EXPECT_TRUE(op.leaves[3].forced_optional);
+  EXPECT_FALSE(op.leaves[5].forced_optional);
+  EXPECT_FALSE(op.leaves[1].forced_optional);
   const MappingNode& cfg = op.params[1];
   EXPECT_TRUE(cfg.optional);
   EXPECT_EQ(cfg.presence_index, 1);

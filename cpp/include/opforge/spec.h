@@ -30,6 +30,9 @@ struct LeafInfo {
   bool is_presence = false;      // the `cfg__is_set` leaf of an Optional[Struct]
   bool mutated = false;
   bool default_from_field = false;  // a field default of a required struct
+  // Optional in the flat schema only because an enclosing struct is
+  // Optional: a caller passing the struct must still give a value.
+  bool forced_optional = false;
 };
 
 struct MappingNode {

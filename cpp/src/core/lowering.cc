@@ -166,7 +166,10 @@ class Lowerer {
     } else {
       CheckLowerable(*type, registry_, op_, where);
     }
-    if (force_optional) leaf_type = MakeOptional(leaf_type);
+    if (force_optional) {
+      info.forced_optional = !leaf_type->is_optional();
+      leaf_type = MakeOptional(leaf_type);
+    }
 
     Argument leaf;
     leaf.name = flat_name;

@@ -433,7 +433,7 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
     const LeafInfo& info = lowered.leaves[index];
     const c10::Argument& arg = flat.arguments().at(index);
     node.rule = MakeRule(arg.real_type(), arg.N());
-    node.optional = node.rule.optional;
+    node.optional = node.rule.optional && !info.forced_optional;
     node.is_list = node.rule.kind == Kind::kList;
     if (!info.handle_type.empty() && handle_classes.contains(py::str(info.handle_type))) {
       node.kind = Node::Kind::kHandle;
@@ -570,6 +570,10 @@ PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, std::
   const Context ctx = context == nullptr ? Context::kArgument : Context::kDefault;
   switch (node.kind) {
     case Node::Kind::kLeaf: {
+      if (obj == Py_None && !node.optional && node.rule.optional) {
+        // A field of an Optional struct: the flat leaf takes None, the field does not.
+        return FailExpected(op_, node.where, ctx, node.rule.expected, false, obj);
+      }
       PyObject* out = ConvertLeaf(node.rule, obj);
       if (out == nullptr) return FailExpected(op_, node.where, ctx, node.rule.expected, node.optional, obj);
       if (node.tensor_slot >= 0 && tensors != nullptr) tensors[node.tensor_slot] = out;
