@@ -17,6 +17,7 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
@@ -340,7 +341,7 @@ bool HasTensorSlots(const Node& node) {
 
 // Owned references released at scope exit.
 struct Refs {
-  std::vector<PyObject*> items;
+  c10::SmallVector<PyObject*, 16> items;
   ~Refs() {
     for (PyObject* p : items) Py_XDECREF(p);
   }
@@ -468,7 +469,8 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
   node.kind = Node::Kind::kStruct;
   node.optional = m.optional;
   node.cls = classes[py::str(m.struct_name)];
-  const std::string qual = Qualname(node.cls.ptr());
+  node.qual = Qualname(node.cls.ptr());
+  const std::string& qual = node.qual;
   py::tuple kwnames(m.children.size());
   for (size_t i = 0; i < m.children.size(); ++i) {
     const MappingNode& child = m.children[i];
@@ -480,6 +482,7 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
                                        classes, enum_values, handle_classes, false));
   }
   node.kwnames = kwnames;
+  node.has_tensor_slots = HasTensorSlots(node);
   node.cacheable = Cacheable(node);
   if (top && node.cacheable) node.cache = std::make_shared<StructCache>();
   return node;
@@ -497,7 +500,8 @@ Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat
   }
   node.kind = Node::Kind::kStruct;
   node.cls = classes[py::str(m.struct_name)];
-  const std::string qual = Qualname(node.cls.ptr());
+  node.qual = Qualname(node.cls.ptr());
+  const std::string& qual = node.qual;
   py::tuple kwnames(m.children.size());
   for (size_t i = 0; i < m.children.size(); ++i) {
     const MappingNode& child = m.children[i];
@@ -509,6 +513,7 @@ Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat
                                         classes));
   }
   node.kwnames = kwnames;
+  node.has_tensor_slots = HasTensorSlots(node);
   return node;
 }
 
@@ -670,7 +675,7 @@ PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, std::
 PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep,
                                   const char* context) {
   const Context ctx = context == nullptr ? Context::kArgument : Context::kDefault;
-  const std::string qual = Qualname(node.cls.ptr());
+  const std::string& qual = node.qual;
   if (obj == Py_None) {
     if (node.optional) return Py_NewRef(Py_None);
     return FailExpected(op_, node.where, ctx, "a " + qual, false, obj);
@@ -711,7 +716,7 @@ PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors,
   }
   if (!changed) {
     // The fields stay where they are; tensor slots may point at them.
-    if (HasTensorSlots(node)) {
+    if (node.has_tensor_slots) {
       for (PyObject*& f : fields.items) {
         keep.push_back(f);
         f = nullptr;
@@ -721,7 +726,7 @@ PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors,
     return Py_NewRef(obj);
   }
   PyObject* rebuilt = PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
-  if (rebuilt != nullptr && HasTensorSlots(node)) {
+  if (rebuilt != nullptr && node.has_tensor_slots) {
     for (PyObject*& f : fields.items) {
       keep.push_back(f);
       f = nullptr;
@@ -736,7 +741,7 @@ PyObject* Boundary::ConvertReturnNode(Node& node, PyObject* obj) {
     if (out == nullptr) return FailExpected(op_, node.where, Context::kReturn, node.rule.expected, node.optional, obj);
     return out;
   }
-  const std::string qual = Qualname(node.cls.ptr());
+  const std::string& qual = node.qual;
   const int is = obj == Py_None ? 0 : PyObject_IsInstance(obj, node.cls.ptr());
   if (is < 0) return nullptr;
   if (is == 0) return FailExpected(op_, node.where, Context::kReturn, "a " + qual, false, obj);
@@ -898,7 +903,11 @@ bool CheckTensor(PyObject* obj, CheckState& st, int depth) {
     if (st.any_tensor && device != st.device) return false;
     st.any_tensor = true;
     st.device = device;
-    st.requires_grad = st.requires_grad || t.requires_grad();
+    // A tensor without autograd metadata cannot require grad; asking it
+    // directly is a call into c10 per tensor.
+    if (!st.requires_grad && t.unsafeGetTensorImpl()->autograd_meta() != nullptr) {
+      st.requires_grad = t.requires_grad();
+    }
     return true;
   }
   if (depth == 0 && (PyList_CheckExact(obj) || PyTuple_CheckExact(obj))) {
@@ -952,9 +961,11 @@ int FastPathMode(PyObject* const* tensors, size_t n, bool /*mutates*/, c10::Devi
   const auto other_excluded =
       tls.excluded_ - c10::default_excluded_set - c10::autograd_dispatch_keyset_with_ADInplaceOrView;
   if (!other_excluded.empty()) return -1;
-  if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return -1;
+  // A TorchDispatchMode includes the Python key in the TLS set checked above.
   if (at::impl::torch_function_mode_enabled()) return -1;
-  if (at::hasCallbacks()) return -1;  // profiler, record_function observers
+  // Profiler and record_function observers: ask as the dispatcher does for
+  // each call (a thread-local cache; at::hasCallbacks() takes a mutex).
+  if (at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION).has_value()) return -1;
   CheckState st;
   for (size_t i = 0; i < n; ++i) {
     if (!CheckTensor(tensors[i], st, 0)) return -1;

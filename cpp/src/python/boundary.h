@@ -85,6 +85,8 @@ struct Node {
   pybind11::object kwnames;  // kStruct: tuple of field names, for construction
   std::vector<Node> children;  // kStruct
   bool cacheable = false;      // kStruct: only immutable scalar leaves below
+  bool has_tensor_slots = false;  // kStruct: a tensor leaf somewhere below
+  std::string qual;               // kStruct: the class's qualified name, for errors
   std::shared_ptr<StructCache> cache;  // kStruct at the top, when cacheable
 };
 
