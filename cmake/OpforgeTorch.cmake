@@ -21,7 +21,13 @@ function(opforge_find_torch)
   list(GET _out 1 _abi)
   list(GET _out 2 _version)
   message(STATUS "opforge: building against torch ${_version} at ${_torch_dir}")
+  string(REGEX MATCH "^[0-9]+\\.[0-9]+" _major_minor "${_version}")
   add_library(opforge_torch_deps INTERFACE)
+  # torch 2.14 and later use C++20 in their headers (concepts, operator<=>);
+  # whatever includes them, a user's kernel library too, compiles as C++20.
+  if(_major_minor VERSION_GREATER_EQUAL 2.14)
+    target_compile_features(opforge_torch_deps INTERFACE cxx_std_20)
+  endif()
   target_include_directories(opforge_torch_deps SYSTEM INTERFACE
     "${_torch_dir}/include"
     "${_torch_dir}/include/torch/csrc/api/include")
@@ -32,4 +38,6 @@ function(opforge_find_torch)
     "${_torch_dir}/lib/libtorch.so")
   set(OPFORGE_TORCH_DIR "${_torch_dir}" PARENT_SCOPE)
   set(OPFORGE_TORCH_DIR "${_torch_dir}" CACHE INTERNAL "")
+  set(OPFORGE_TORCH_VERSION "${_version}" PARENT_SCOPE)
+  set(OPFORGE_TORCH_VERSION "${_version}" CACHE INTERNAL "")
 endfunction()
