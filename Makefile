@@ -87,5 +87,15 @@ test-torch-%:
 	$(MAKE) test VENV=.venv-torch-$* TORCH_VERSION=$* TORCH_SPEC="torch==$*" TRITON_SPEC= \
 	  CPP_BUILD=build/torch-$*/cpp PY_BUILD="build/torch-$*/{wheel_tag}"
 
+# `pip wheel --no-build-isolation --no-deps .`, then the wheel installed in a
+# fresh venv that shares this torch: import, ops, --version, find_package
+# (tests/wheel_smoke.py). A full build: minutes, so not part of `make test`.
+WHEEL_DIR ?= build/wheel
+wheel-smoke: setup
+	rm -rf $(WHEEL_DIR)/dist
+	$(PIP) wheel -q --no-build-isolation --no-deps --config-settings=build-dir="$(WHEEL_DIR)/{wheel_tag}" \
+	  -w $(WHEEL_DIR)/dist .
+	$(PY) tests/wheel_smoke.py $(WHEEL_DIR)
+
 clean:
 	rm -rf build

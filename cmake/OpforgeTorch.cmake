@@ -41,3 +41,15 @@ function(opforge_find_torch)
   set(OPFORGE_TORCH_VERSION "${_version}" PARENT_SCOPE)
   set(OPFORGE_TORCH_VERSION "${_version}" CACHE INTERNAL "")
 endfunction()
+
+# Fails configuration when the torch found is not of the release line
+# (major.minor) opforge was built against: torch keeps no C++ ABI across
+# minor releases (docs/versions.md). Versions: "2.13.0+cpu", "2.15.0".
+function(opforge_check_torch_version built found)
+  string(REGEX MATCH "^[0-9]+\\.[0-9]+" _built_line "${built}")
+  string(REGEX MATCH "^[0-9]+\\.[0-9]+" _found_line "${found}")
+  if(NOT _built_line OR NOT _built_line VERSION_EQUAL _found_line)
+    message(FATAL_ERROR "opforge was built against torch ${built} but ${Python_EXECUTABLE} has torch ${found}; "
+      "rebuild opforge for this torch (docs/versions.md) or set Python_EXECUTABLE to the Python it was built for.")
+  endif()
+endfunction()

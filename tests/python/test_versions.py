@@ -155,3 +155,32 @@ def test_python_dash_m_opforge_reports_usage_errors_like_the_console_script():
     assert result.returncode == 2
     assert result.stderr.strip() == ("opforge inspect: no operator named 'nowhere::nothing' is registered. "
                                      "Import the module that defines it with --import MODULE.")
+
+
+def check_in_cmake(tmp_path, built: str, found: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "check.cmake"
+    script.write_text(f'set(Python_EXECUTABLE "/env/bin/python")\n'
+                      f'include("{os.path.join(ROOT, "cmake", "OpforgeTorch.cmake")}")\n'
+                      f'opforge_check_torch_version("{built}" "{found}")\n'
+                      f'message(STATUS "torch versions agree")\n')
+    return subprocess.run(["cmake", "-P", str(script)], capture_output=True, text=True, timeout=60)
+
+
+def test_find_package_records_the_torch_opforge_was_built_against():
+    path = os.path.join(opforge.cmake_prefix_path, "share", "cmake", "opforge", "opforgeTorchVersion.cmake")
+    with open(path) as f:
+        assert f.read() == f'set(opforge_TORCH_VERSION "{BUILT}")\n'
+
+
+def test_find_package_refuses_a_torch_of_another_minor(tmp_path):
+    result = check_in_cmake(tmp_path, "2.13.0+cpu", "2.15.0")
+    assert result.returncode != 0
+    message = " ".join(result.stderr.split())
+    assert ("opforge was built against torch 2.13.0+cpu but /env/bin/python has torch 2.15.0; rebuild opforge "
+            "for this torch (docs/versions.md) or set Python_EXECUTABLE to the Python it was built for.") in message
+
+
+def test_find_package_accepts_another_patch_release_of_the_same_minor(tmp_path):
+    result = check_in_cmake(tmp_path, "2.14.1+cu130", "2.14.0")
+    assert result.returncode == 0, result.stderr
+    assert "torch versions agree" in result.stdout
