@@ -4,14 +4,15 @@ built installs and works in a fresh virtualenv with the same torch.
     $ python tests/wheel_smoke.py build/wheel
     wheel      opforge-0.1.0-cp311-cp311-linux_x86_64.whl
     ...
-    wheel smoke: 7 passed, 0 failed
+    wheel smoke: 8 passed, 0 failed
 
 The fresh venv sees this Python's torch through a .pth file (no download, so
 it works offline and never pulls another torch), installs the wheel with
---no-deps --no-index, and from outside the source tree: imports opforge,
-runs an op eagerly and compiled, prints the version both ways, builds a C++
-kernel library with find_package(opforge) against the installed package,
-and checks that no shared library in the wheel points at this machine's torch.
+--no-deps --no-index, then, from the installed package: imports opforge,
+runs an op eagerly and compiled, prints the version both ways, fails with
+the rebuild sentence under a faked torch version, builds a C++ kernel library with find_package(opforge) against the installed package,
+and checks that every shared library in the wheel finds torch's libraries
+through $ORIGIN rather than this machine's paths.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ OP_SCRIPT = textwrap.dedent("""
         scale: float
         shift: float = 0.0
 
-    @opforge.op("wheel_smoke::affine")
+    @opforge.op("wheel_smoke::affine", fake=lambda x, cfg: torch.empty_like(x))
     def affine(x: torch.Tensor, cfg: Cfg) -> torch.Tensor:
         return x * cfg.scale + cfg.shift
 
@@ -100,9 +101,10 @@ def main(out_dir: str) -> int:
     missing = expected - set(names)
     smoke.check("the wheel holds the package, _C, the libraries, headers and CMake package",
                 not missing and any(n.startswith("opforge/_C.") for n in names), f"missing {sorted(missing)}")
-    torch_lib = os.path.join(TORCH_SITE, "torch", "lib").encode()
-    leaks = [n for n, data in libs.items() if torch_lib in data or ROOT.encode() in data]
-    smoke.check("no library in the wheel names this machine's torch or source tree", not leaks, str(leaks))
+    search_paths = {n: runpath(data) for n, data in libs.items()}
+    absolute = {n: p for n, p in search_paths.items() if not p or any(not d.startswith("$ORIGIN") for d in p)}
+    smoke.check("every library finds torch's and opforge's through $ORIGIN, not this machine's paths",
+                len(libs) == 3 and not absolute, str(search_paths))
 
     env_dir = os.path.join(out_dir, "venv")
     venv.EnvBuilder(clear=True, with_pip=True).create(env_dir)
@@ -127,6 +129,15 @@ def main(out_dir: str) -> int:
                 by_module.stdout == want == by_script.stdout,
                 f"want {want!r}, got {by_module.stdout!r} / {by_script.stdout!r} {by_module.stderr[-500:]}")
 
+    fake = "9.99.0"
+    mismatch = run([py, "-c", f"import torch; torch.__version__ = {fake!r}; import opforge"], out_dir)
+    want_error = (f"ImportError: opforge was built against torch {torch.__version__} but torch {fake} is installed; "
+                  "rebuild it for this torch with `pip install --no-build-isolation --no-deps --force-reinstall .` "
+                  "in the opforge source tree.")
+    last = (mismatch.stderr.strip().splitlines() or [""])[-1]
+    smoke.check("under another torch the installed wheel fails with the rebuild sentence for a wheel",
+                mismatch.returncode == 1 and last == want_error, f"want {want_error!r}, got {last!r}")
+
     ext_build = os.path.join(out_dir, "cpp_ext")
     configure = run(["cmake", "-S", os.path.join(ROOT, "tests", "cpp_ext"), "-B", ext_build, "-G", "Ninja",
                      f"-DCMAKE_PREFIX_PATH={lines[2] if ok else ''}", f"-DPython_EXECUTABLE={py}"], out_dir)
@@ -138,6 +149,20 @@ def main(out_dir: str) -> int:
 
     print(f"wheel smoke: {smoke.passed} passed, {smoke.failed} failed")
     return 1 if smoke.failed else 0
+
+
+def runpath(elf: bytes) -> list[str]:
+    """The RUNPATH (or RPATH) entries of a shared library: ['$ORIGIN/lib', '$ORIGIN/../torch/lib']."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".so") as f:
+        f.write(elf)
+        f.flush()
+        dynamic = subprocess.run(["readelf", "-d", f.name], capture_output=True, text=True, check=True).stdout
+    for line in dynamic.splitlines():
+        if "(RUNPATH)" in line or "(RPATH)" in line:
+            return line.split("[", 1)[1].rstrip("]").split(":")
+    return []
 
 
 def read_version() -> str:
