@@ -79,7 +79,7 @@ def nested(x: Tensor, o: Outer) -> Tensor:
 
 
 def _choice_fake(x, mode=None, how="one", dims=(0,), dtype=torch.float32):
-    # The output has the requested dtype; torch 2.15's Inductor checks it.
+    # The output has the requested dtype; Inductor checks it from torch 2.14 on.
     return torch.empty_like(x, dtype=dtype)
 
 
