@@ -7,19 +7,32 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
+# Empty for the per-version targets below: torch's own wheel pins its Triton.
+TRITON_SPEC ?= triton==3.6.0
+# Set by the per-version targets: the venv's torch must be exactly this
+# release (a CUDA or CPU build of it), otherwise TORCH_SPEC is installed.
+TORCH_VERSION ?=
 CPP_BUILD ?= build/cpp
+# scikit-build-core's build directory for the opforge._C extension.
+PY_BUILD ?= build/{wheel_tag}
+# The newest torch release and the one before it; `make test-torch-latest`
+# and `make test-torch-previous` test against them (docs/versions.md).
+TORCH_LATEST ?= 2.15.0
+TORCH_PREVIOUS ?= 2.14.1
 SAN_BUILD ?= build/sanitize
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all setup gtest build demo test cpp-test py-test bench sanitize tsan clean
+.PHONY: all setup gtest build demo test cpp-test py-test bench sanitize tsan clean \
+	test-torch-latest test-torch-previous wheel-smoke
 
 all: test
 
 $(VENV)/.opforge-deps: pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest hypothesis pyyaml numpy "triton==3.6.0"
+	@$(PY) -c "import sys, torch; sys.exit('$(TORCH_VERSION)' not in ('', torch.__version__.split('+')[0]))" \
+	  2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest hypothesis pyyaml numpy $(TRITON_SPEC)
 	@touch $@
 
 setup: $(VENV)/.opforge-deps gtest
@@ -32,7 +45,7 @@ gtest:
 	fi
 
 build: setup
-	$(PIP) install -q --no-build-isolation --no-deps -e .
+	$(PIP) install -q --no-build-isolation --no-deps --config-settings=build-dir="$(PY_BUILD)" -e .
 
 cpp-test: setup
 	cmake -S . -B $(CPP_BUILD) -G Ninja -DOPFORGE_BUILD_TESTS=ON -DOPFORGE_BUILD_PYTHON=OFF -DOPFORGE_BUILD_TORCH=ON \
@@ -64,6 +77,25 @@ tsan: setup
 	  -DOPFORGE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug > /dev/null
 	cmake --build build/tsan --target test_handles test_structs
 	ctest --test-dir build/tsan --output-on-failure -R "test_handles|test_structs"
+
+# The CPU suite against another torch from PyPI, each in its own venv and
+# build directories (PyPI's Linux torch brings several GB of CUDA packages).
+# `make test-torch-2.14.0` works for any release; CI runs `make test`.
+test-torch-latest: test-torch-$(TORCH_LATEST)
+test-torch-previous: test-torch-$(TORCH_PREVIOUS)
+test-torch-%:
+	$(MAKE) test VENV=.venv-torch-$* TORCH_VERSION=$* TORCH_SPEC="torch==$*" TRITON_SPEC= \
+	  CPP_BUILD=build/torch-$*/cpp PY_BUILD="build/torch-$*/{wheel_tag}"
+
+# `pip wheel --no-build-isolation --no-deps .`, then the wheel installed in a
+# fresh venv that shares this torch: import, ops, --version, find_package
+# (tests/wheel_smoke.py). A full build: minutes, so not part of `make test`.
+WHEEL_DIR ?= build/wheel
+wheel-smoke: setup
+	rm -rf $(WHEEL_DIR)/dist
+	$(PIP) wheel -q --no-build-isolation --no-deps --config-settings=build-dir="$(WHEEL_DIR)/{wheel_tag}" \
+	  -w $(WHEEL_DIR)/dist .
+	$(PY) tests/wheel_smoke.py $(WHEEL_DIR)
 
 clean:
 	rm -rf build

@@ -21,7 +21,13 @@ function(opforge_find_torch)
   list(GET _out 1 _abi)
   list(GET _out 2 _version)
   message(STATUS "opforge: building against torch ${_version} at ${_torch_dir}")
+  string(REGEX MATCH "^[0-9]+\\.[0-9]+" _major_minor "${_version}")
   add_library(opforge_torch_deps INTERFACE)
+  # torch 2.14 and later use C++20 in their headers (concepts, operator<=>);
+  # whatever includes them, a user's kernel library too, compiles as C++20.
+  if(_major_minor VERSION_GREATER_EQUAL 2.14)
+    target_compile_features(opforge_torch_deps INTERFACE cxx_std_20)
+  endif()
   target_include_directories(opforge_torch_deps SYSTEM INTERFACE
     "${_torch_dir}/include"
     "${_torch_dir}/include/torch/csrc/api/include")
@@ -32,4 +38,18 @@ function(opforge_find_torch)
     "${_torch_dir}/lib/libtorch.so")
   set(OPFORGE_TORCH_DIR "${_torch_dir}" PARENT_SCOPE)
   set(OPFORGE_TORCH_DIR "${_torch_dir}" CACHE INTERNAL "")
+  set(OPFORGE_TORCH_VERSION "${_version}" PARENT_SCOPE)
+  set(OPFORGE_TORCH_VERSION "${_version}" CACHE INTERNAL "")
+endfunction()
+
+# Fails configuration when the torch found is not of the release line
+# (major.minor) opforge was built against: torch keeps no C++ ABI across
+# minor releases (docs/versions.md). Versions: "2.13.0+cpu", "2.15.0".
+function(opforge_check_torch_version built found)
+  string(REGEX MATCH "^[0-9]+\\.[0-9]+" _built_line "${built}")
+  string(REGEX MATCH "^[0-9]+\\.[0-9]+" _found_line "${found}")
+  if(NOT _built_line OR NOT _built_line VERSION_EQUAL _found_line)
+    message(FATAL_ERROR "opforge was built against torch ${built} but ${Python_EXECUTABLE} has torch ${found}; "
+      "rebuild opforge for this torch (docs/versions.md) or set Python_EXECUTABLE to the Python it was built for.")
+  endif()
 endfunction()

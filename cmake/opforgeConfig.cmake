@@ -9,6 +9,11 @@
 get_filename_component(_opforge_root "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
 include("${CMAKE_CURRENT_LIST_DIR}/OpforgeTorch.cmake")
 opforge_find_torch()
+# The torch this opforge was built against (written at build time).
+include("${CMAKE_CURRENT_LIST_DIR}/opforgeTorchVersion.cmake" OPTIONAL)
+if(DEFINED opforge_TORCH_VERSION)
+  opforge_check_torch_version("${opforge_TORCH_VERSION}" "${OPFORGE_TORCH_VERSION}")
+endif()
 
 if(NOT TARGET opforge::opforge)
   add_library(opforge::core SHARED IMPORTED)

@@ -14,11 +14,17 @@ import torch  # noqa: F401  (loads libtorch before the extension)
 
 import os as _os
 
-from . import _C, handles, symm_mem
-from ._cpp_ops import ops, structs
-from ._op import OpDef, op, opcheck
-from ._types import HandleAnnotation as _HandleAnnotation
-from .symm_mem import arg_tags, symm_mem_args
+from . import _torch_version
+
+# Before _C loads: under another torch its symbols may not resolve, or may
+# resolve against changed structures (docs/versions.md).
+_torch_version.check_installed()
+
+from . import _C, handles, symm_mem  # noqa: E402
+from ._cpp_ops import ops, structs  # noqa: E402
+from ._op import OpDef, op, opcheck  # noqa: E402
+from ._types import HandleAnnotation as _HandleAnnotation  # noqa: E402
+from .symm_mem import arg_tags, symm_mem_args  # noqa: E402
 
 __all__ = ["Handle", "OpDef", "arg_tags", "cmake_prefix_path", "handles", "op", "opcheck", "ops",
            "set_fast_path_enabled", "structs", "symm_mem", "symm_mem_args"]

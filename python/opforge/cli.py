@@ -4,6 +4,9 @@
     opforge bench                the per-call overhead table (SPEC §9)
     opforge inspect NS::op       original signature, flat schema, mapping tree
     opforge gen aten|stubs ...   schema codegen (SPEC §7)
+    opforge --version            opforge's version and the torch it was built against
+
+`python -m opforge ...` is the same command line.
 
 Each subcommand lives in its own module and registers itself through
 `COMMANDS`: (name, module, help). A module provides `add_arguments(parser)`
@@ -24,8 +27,24 @@ COMMANDS = [
 ]
 
 
+def version_text() -> str:
+    """'opforge 0.1.0 (built against torch 2.13.0+cpu)', naming the running
+    torch too where it differs (a patch release or another device's build;
+    another minor release cannot get here, `import opforge` refuses it)."""
+    import torch
+
+    import opforge
+    from opforge import _torch_version
+
+    built = _torch_version.built_against() or "an unrecorded torch"
+    running = str(torch.__version__)
+    text = f"opforge {opforge.__version__} (built against torch {built}"
+    return text + (")" if running == built else f", running torch {running})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opforge", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module, help_text in COMMANDS:
         p = sub.add_parser(name, help=help_text)

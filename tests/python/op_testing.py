@@ -92,3 +92,13 @@ def in_torch_ops(qualname: str) -> bool:
         return True
     namespace = getattr(torch.ops, ns)
     return name in vars(namespace)
+
+
+def torch_build_dir(name: str) -> str:
+    """build/torch-<release>/<name>: what a test compiles against the running
+    torch, kept apart per release so suites on two torch versions
+    (`make test`, `make test-torch-latest`) never reuse each other's objects."""
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.join(root, "build", f"torch-{torch.__version__.split('+')[0]}", name)

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 import opforge
+from op_testing import torch_build_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXT_SRC = os.path.join(ROOT, "tests", "cpp_ext")
-EXT_BUILD = os.path.join(ROOT, "build", "cpp_ext")
+EXT_BUILD = torch_build_dir("cpp_ext")
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """`opforge gen aten` end to end on a subset of the allowlist: generated ops
 exist, match ATen, build fast and are not rebuilt when nothing changed.
 
-The build is cached under build/test_gen/, so a second run of this file
+The build is cached under build/torch-<release>/test_gen/, so a second run of this file
 compiles nothing. The full 525-name build is benchmarks/bench_gen.py.
 """
 
@@ -14,11 +14,12 @@ import sys
 import pytest
 import torch
 
+from op_testing import torch_build_dir
 from opforge.gen import _generate, casekit
 from opforge.gen._io import Progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-OUT = os.path.join(ROOT, "build", "test_gen")
+OUT = torch_build_dir("test_gen")
 NAMESPACE = "opforge_test_aten"
 SUBSET = [
     "abs", "add_", "addmm", "max", "sort", "split_copy", "linalg_lu_factor", "nll_loss", "bernoulli",

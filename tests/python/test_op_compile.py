@@ -78,7 +78,12 @@ def nested(x: Tensor, o: Outer) -> Tensor:
     return out if o.bias is None else out + o.bias.b * o.bias.gain
 
 
-@opforge.op(f"{NS}::choice", fake=_like)
+def _choice_fake(x, mode=None, how="one", dims=(0,), dtype=torch.float32):
+    # The output has the requested dtype; Inductor checks it from torch 2.14 on.
+    return torch.empty_like(x, dtype=dtype)
+
+
+@opforge.op(f"{NS}::choice", fake=_choice_fake)
 def choice(x: Tensor, mode: Mode = Mode.ADD, how: Literal["one", "two"] = "one",
            dims: list[int] = [0], dtype: torch.dtype = torch.float32) -> Tensor:
     k = 1.0 if how == "one" else 2.0

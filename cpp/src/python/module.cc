@@ -175,7 +175,9 @@ PYBIND11_MODULE(_C, m) {
   using namespace opforge;
   m.doc() = "opforge core: schema parsing and printing, struct registry, lowering.";
 
-  py::register_exception_translator([](std::exception_ptr p) {
+  // Local: with torch 2.14+ pybind11 shares its internals with torch, and a
+  // global translator would also retype errors torch's own bindings raise.
+  py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {

@@ -23,6 +23,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from .._torch_version import cxx_standard
 from ._aten import GenError
 from ._io import Progress, write_if_changed
 
@@ -43,9 +44,9 @@ def torch_flags() -> tuple[list[str], list[str]]:
     root = os.path.dirname(torch.__file__)
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     cflags = [
-        # C++17, as the rest of the project: torch's headers accept it and it
-        # compiles faster than C++20.
-        "-std=c++17", "-O2", "-fPIC", "-DNDEBUG",
+        # C++17 where torch's headers accept it (it compiles faster than
+        # C++20); torch 2.14 and later need C++20.
+        f"-std={cxx_standard(torch.__version__)}", "-O2", "-fPIC", "-DNDEBUG",
         # Hidden symbols: two generated libraries loaded into one process never
         # see each other's RegisterForwardedOps.
         "-fvisibility=hidden", "-fvisibility-inlines-hidden",
