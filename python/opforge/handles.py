@@ -417,10 +417,6 @@ def _register_at_trace_time(obj: Any, cls: type | None = None, where: str = "", 
     return int(handle)
 
 
-# Kept for code that names the earlier function.
-_handle_at_trace_time = _register_at_trace_time
-
-
 def _register_live_instances(cls: type, skip: Any = None) -> int:
     """Registers (weakly) every live object of `cls` that is not registered,
     or is a copy of a registered one."""
