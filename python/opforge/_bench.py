@@ -4,6 +4,7 @@ process.
     opforge bench                      # CPU tensors
     opforge bench --device cuda        # CUDA tensors
     opforge bench --args 5 --repeats 11
+    opforge bench --runners            # runners under torch.compile (docs/handles.md)
 
 Every op has a no-op body and `n` flat arguments (n = 1, 5, 30): two tensors
 (one for n = 1) and n - 2 scalars (float, int, bool in turn). The opforge op
@@ -342,9 +343,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-time", type=float, default=0.05, help="seconds per timed repeat (default 0.05)")
     parser.add_argument("--registrations", type=int, default=50, help="ops registered per repeat (default 50)")
     parser.add_argument("--json", metavar="FILE", help="also write the raw numbers to FILE")
+    parser.add_argument("--runners", action="store_true",
+                        help="instead: compile time and step time of a model whose every layer holds a runner, "
+                             "against the same model without runners")
+    from . import _bench_runners
+
+    _bench_runners.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "runners", False):
+        from . import _bench_runners
+
+        return _bench_runners.run(args)
     device = torch.device(args.device).type
     if device == "cuda" and not torch.cuda.is_available():
         print("opforge bench: --device cuda needs a CUDA GPU, and none is available.", file=sys.stderr)

@@ -388,7 +388,7 @@ class Builder:
                 value = f"(None if {expr} is None else {inner})" if t.optional else inner
             elif leaf.handle:
                 cls = self.const("C", t.py)
-                at = self.const("W", where)
+                at = self.const("W", f"{self.op_name}: {where}")
                 value = (f"({self.const('traced_handle', handles.traced_handle)}({expr}, {cls}, {at}) if _compiling() "
                          f"else {self.const('handle_for', handles.handle_for)}({expr}, {cls}, {at}))")
                 if t.optional:

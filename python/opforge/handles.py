@@ -1,19 +1,26 @@
-"""Runner handles (SPEC §6): stateful objects through the dispatcher as ints.
+"""Runner handles: stateful objects through the dispatcher as ints.
 
     @opforge.op("mylib::gemm")
     def gemm(x: Tensor, runner: opforge.Handle[Runner]) -> Tensor:
         return runner.run(x)          # the body gets the object
 
     gemm(x, my_runner)                 # the caller passes the object
-    gemm.schema                        # 'mylib::gemm(Tensor x, int runner) -> Tensor'
+    gemm.schema                        # 'mylib::gemm(Tensor x, SymInt runner) -> Tensor'
 
 The table is the core's, shared with C++. It holds objects weakly: a handle
 goes stale when its object is gone (or is released), and a stale handle is an
 error, never another object. `pin` keeps an object alive until `unpin`.
+
+Under torch.compile the handle is a graph input, not a constant: N runners
+through one compiled region compile one graph, and a released runner passed
+again works as in eager (docs/handles.md).
 """
 
 from __future__ import annotations
 
+import gc
+import itertools
+import os
 import sys
 import threading
 import weakref
@@ -26,7 +33,117 @@ _lock = threading.RLock()
 _by_id: dict[int, tuple[Any, int]] = {}  # id(obj) -> (weakref or obj, handle)
 _pinned: dict[int, Any] = {}  # handle -> obj
 
+# A registered object carries `(handle, weakref to itself)` in this attribute:
+# compiled code reads the handle from it (a graph input), and the weakref lets
+# Dynamo tell the object from a copy by an aliasing guard instead of an
+# identity guard (which would compile one graph per object).
 ATTRIBUTE = "__opforge_handle__"
+
+# ---------------------------------------------------------------------------
+# How compiled code gets the handle, by what the installed torch offers:
+#   "dynamic_int":     the handle is a torch DynamicInt (an int that Dynamo
+#                      lifts as a SymInt graph input). Python objects, C++
+#                      handles (`dynamic`) and integer IDs all compile once.
+#   "dynamic_sources": no DynamicInt: the attribute's int is named dynamic in
+#                      torch.compiler.config.dynamic_sources. Python objects
+#                      compile once; bare ints are constants.
+#   "constant":        neither: one graph per runner (Dynamo's recompile limit
+#                      applies).
+# ---------------------------------------------------------------------------
+
+_DYNAMIC_SOURCE_PATTERN = r".*\." + ATTRIBUTE + r"\[0\]"
+
+
+def _dynamic_int_class() -> type | None:
+    try:
+        from torch.fx.experimental.sym_node import DynamicInt
+    except ImportError:
+        return None
+    return DynamicInt
+
+
+def _dynamo_source(module: str) -> str:
+    """A Dynamo source file's text, read instead of importing Dynamo (which
+    takes a second)."""
+    import torch
+
+    path = os.path.join(os.path.dirname(torch.__file__), "_dynamo", *module.split(".")) + ".py"
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _detect_mode() -> str:
+    if _dynamic_int_class() is not None and "_DynamicScalar" in _dynamo_source("variables.builder"):
+        return "dynamic_int"
+    import torch
+
+    config = getattr(getattr(torch, "compiler", None), "config", None)
+    if config is not None and hasattr(config, "dynamic_sources") and "re.match" in _dynamo_source("variables.builder"):
+        return "dynamic_sources"
+    return "constant"
+
+
+_MODE: str | None = None  # decided on first use; tests set it to exercise the fallbacks
+
+
+def compile_mode() -> str:
+    """How torch.compile receives handles with the installed torch:
+    'dynamic_int', 'dynamic_sources' or 'constant' (see docs/handles.md)."""
+    global _MODE
+    if _MODE is None:
+        mode = _detect_mode()
+        if mode == "dynamic_sources":
+            _install_dynamic_source_pattern()
+        _MODE = mode
+    return _MODE
+
+
+def _install_dynamic_source_pattern() -> None:
+    import torch
+
+    config = torch.compiler.config
+    current = config.dynamic_sources
+    if _DYNAMIC_SOURCE_PATTERN not in current.split(","):
+        config.dynamic_sources = f"{current},{_DYNAMIC_SOURCE_PATTERN}" if current else _DYNAMIC_SOURCE_PATTERN
+
+
+_DynamicInt = _dynamic_int_class()
+
+if _DynamicInt is not None:
+
+    class HandleId(_DynamicInt):
+        """A handle that torch.compile takes as a graph input (a SymInt)
+        instead of a constant. Prints and compares as the plain int."""
+
+        __slots__ = ()
+
+        def __repr__(self) -> str:
+            return int.__repr__(self)
+
+        __str__ = __repr__
+
+else:  # pragma: no cover - torch without DynamicInt
+    HandleId = int  # type: ignore[misc,assignment]
+
+
+def dynamic(handle: int) -> int:
+    """`handle` as an int that torch.compile passes to the graph as an input,
+    so that modules holding different handles share one compiled graph:
+
+        self.runner = opforge.handles.dynamic(ext.make_runner(3.0))   # a C++ handle
+        int(self.runner) == ...                                       # the same int
+
+    Where the installed torch cannot do that (compile_mode() != 'dynamic_int')
+    this returns the plain int, a constant under torch.compile."""
+    if isinstance(handle, bool) or not isinstance(handle, int):
+        raise TypeError(f"opforge.handles.dynamic: expected an int handle, got {type(handle).__name__}. "
+                        f"Pass the int that opforge.handles.register (or a C++ RegisterHandle) returned.")
+    if compile_mode() == "dynamic_int":
+        return handle if type(handle) is HandleId else HandleId(handle)
+    return int(handle)
 
 
 def _type_key(cls: type) -> str:
@@ -44,6 +161,10 @@ def _live(obj: Any) -> int | None:
 
 def register(obj: Any) -> int:
     """The handle of `obj`, registering it (weakly) on first use."""
+    return _register(obj, remember=True)
+
+
+def _register(obj: Any, remember: bool) -> int:
     with _lock:
         handle = _live(obj)
         if handle is not None:
@@ -59,18 +180,46 @@ def register(obj: Any) -> int:
         handle = _C.handle_register(ref, _type_key(type(obj)))
         box.append(handle)
         _by_id[id(obj)] = (ref, handle)
-        _remember(obj, handle)
+        if remember:
+            _remember(obj, handle, ref)
         return handle
 
 
-def _remember(obj: Any, handle: int) -> None:
-    # Without trace-time registration, torch.compile reads the handle from
-    # this attribute: Dynamo can trace an attribute read (and guards on it),
-    # not a lookup in this table. The id tells a copy from the original.
+def _remember(obj: Any, handle: int, ref: weakref.ref | None = None) -> None:
+    # Compiled code reads the handle from this attribute: Dynamo can trace an
+    # attribute read, not a lookup in this table.
+    if ref is None:
+        entry = _by_id.get(id(obj))
+        ref = entry[0] if entry is not None and isinstance(entry[0], weakref.ref) else None
+    if ref is None:
+        try:
+            ref = weakref.ref(obj)
+        except TypeError:
+            return  # no aliasing guard possible: compiled code registers it while tracing
+    old = getattr(obj, ATTRIBUTE, None)
+    if type(old) is tuple and len(old) == 2 and old[1]() is obj:
+        _reserved.pop(int(old[0]), None)
+    value = HandleId(handle) if compile_mode() == "dynamic_int" else handle
     try:
-        object.__setattr__(obj, ATTRIBUTE, (handle, id(obj)))
+        object.__setattr__(obj, ATTRIBUTE, (value, ref))
     except (AttributeError, TypeError):
         pass
+
+
+# Attribute writes for objects registered while Dynamo traced a frame that
+# reads them: written when the op's kernel first runs, because Dynamo builds
+# the frame's guards from the objects after tracing.
+_pending: list[tuple[weakref.ref, int]] = []
+
+
+def _flush_pending() -> None:
+    with _lock:
+        todo = list(_pending)
+        _pending.clear()
+        for ref, handle in todo:
+            obj = ref()
+            if obj is not None and _live(obj) == handle:
+                _remember(obj, handle)
 
 
 def _gone(key: int, box: list[int], _finalizing=sys.is_finalizing) -> None:
@@ -112,20 +261,64 @@ def unpin(obj: Any) -> None:
                 release(handle)  # held strongly only because pinned
 
 
+# ---------------------------------------------------------------------------
+# Released objects. Eager code registers a released object again when it is
+# passed again; compiled code reads the handle from the object's attribute
+# without running Python, so `release` leaves a reservation there instead: an
+# int that is never a live handle (generation 0), which `resolve` turns into a
+# new registration while the object lives. The graph's input changes value,
+# not kind: no recompilation.
+# ---------------------------------------------------------------------------
+
+_reserved: dict[int, weakref.ref] = {}  # reservation -> the released object
+_reservation_index = itertools.count(1)
+_MARKER = 1 << 62  # what every handle and reservation has set (cpp/src/core/handles.cc)
+
+
+def _retire(obj: Any) -> None:
+    entry = getattr(obj, ATTRIBUTE, None)
+    if type(entry) is not tuple or len(entry) != 2 or entry[1]() is not obj:
+        return
+    reservation = _MARKER | (next(_reservation_index) & 0xFFFFFFFF)
+    ref = weakref.ref(obj, lambda _r, key=reservation: _reserved.pop(key, None))
+    _reserved[reservation] = ref
+    value = HandleId(reservation) if compile_mode() == "dynamic_int" else reservation
+    try:
+        object.__setattr__(obj, ATTRIBUTE, (value, ref))
+    except (AttributeError, TypeError):
+        _reserved.pop(reservation, None)
+
+
+def _revive(handle: int) -> Any:
+    """The released object a reservation stands for, registered again; None
+    when `handle` is no reservation or its object is gone."""
+    with _lock:
+        ref = _reserved.get(handle)
+        obj = ref() if ref is not None else None
+        if obj is None:
+            return None
+        register(obj)  # a new handle; its attribute replaces the reservation
+        return obj
+
+
 def release(obj_or_handle: Any) -> bool:
-    """Drops a handle; later use of it is a clear error."""
+    """Drops a handle; later use of it is a clear error. The object itself, when
+    passed again to an op, is registered again (eager and compiled alike)."""
     with _lock:
         if isinstance(obj_or_handle, int) and not isinstance(obj_or_handle, bool):
-            handle = obj_or_handle
+            handle = int(obj_or_handle)
         else:
             handle = _live(obj_or_handle)
             if handle is None:
                 return False
         released = _C.handle_release(handle)
         _pinned.pop(handle, None)
-        for key, (_ref, h) in list(_by_id.items()):
+        for key, (ref, h) in list(_by_id.items()):
             if h == handle:
                 del _by_id[key]
+                obj = ref() if isinstance(ref, weakref.ref) else ref
+                if obj is not None:
+                    _retire(obj)
         return released
 
 
@@ -133,18 +326,23 @@ def resolve(handle: int, cls: type | None = None, where: str = "") -> Any:
     """The object behind `handle`; LookupError when stale, TypeError when not a `cls`.
     `where` ("mylib::gemm: parameter 'runner'") prefixes the message."""
     prefix = f"{where}: " if where else ""
+    if _pending:
+        _flush_pending()
     try:
         payload = _C.handle_payload(handle, "")
     except (LookupError, TypeError) as e:
-        if not prefix:
-            raise
-        raise type(e)(f"{prefix}{e}") from None
+        obj = _revive(handle) if isinstance(e, LookupError) else None
+        if obj is None:
+            if not prefix:
+                raise
+            raise type(e)(f"{prefix}{e}") from None
+        payload = obj
     obj = payload() if isinstance(payload, weakref.ref) else payload
     if obj is None:
-        raise LookupError(f"{prefix}handle {handle} is stale: its object is gone. Keep the object alive "
+        raise LookupError(f"{prefix}handle {int(handle)} is stale: its object is gone. Keep the object alive "
                           f"(or opforge.handles.pin it) while ops use it.")
     if cls is not None and not isinstance(obj, cls):
-        raise TypeError(f"{prefix}handle {handle} refers to a {type(obj).__name__}, not a {cls.__name__}. "
+        raise TypeError(f"{prefix}handle {int(handle)} refers to a {type(obj).__name__}, not a {cls.__name__}. "
                         f"Pass an object of the type the op expects.")
     return obj
 
@@ -159,6 +357,8 @@ def handle_for(obj: Any, cls: type | None = None, where: str = "") -> int:
     """The handle of `obj` (registered on first use), checking its type."""
     if cls is not None and not isinstance(obj, cls):
         raise _wrong_type(obj, cls, where)
+    if _pending:
+        _flush_pending()
     return register(obj)
 
 
@@ -167,26 +367,81 @@ def checked(obj: Any, cls: type, where: str = "") -> Any:
     it, so that a later torch.compile trace finds its handle."""
     if not isinstance(obj, cls):
         raise _wrong_type(obj, cls, where)
-    if _TRACE_TIME_REGISTRATION is False and _live(obj) is None:
+    if _pending:
+        _flush_pending()
+    if _live(obj) is None:
         register(obj)
     return obj
+
+
+# ---------------------------------------------------------------------------
+# Under torch.compile.
+# ---------------------------------------------------------------------------
+
+
+def traced_handle(obj: Any, cls: type | None = None, where: str = "") -> int:
+    """The handle under torch.compile: Dynamo traces this function.
+
+    A registered object's handle comes from its attribute, as a graph input
+    (compile_mode() says which kind); the guards are on the attribute's type
+    and on the attribute's weakref pointing back at the object, so another
+    registered object of the same class reuses the graph, and a copy (which
+    carries its original's attribute) does not. An object met unregistered, or
+    a copy, is registered while tracing, where this torch's Dynamo can do that."""
+    entry = getattr(obj, ATTRIBUTE, None)
+    owner = entry[1]() if type(entry) is tuple else None
+    if owner is obj and (cls is None or isinstance(obj, cls)):
+        return entry[0]
+    if _TRACE_TIME_REGISTRATION:
+        return _register_at_trace_time(obj, cls, where, owner)
+    name = type(obj).__name__
+    prefix = f"{where}: " if where else ""
+    raise RuntimeError(
+        f"{prefix}the {name} passed as a handle inside torch.compile was never registered. "
+        f"Call opforge.handles.register(obj) (or the op once outside torch.compile) first."
+    )
+
+
+def _register_at_trace_time(obj: Any, cls: type | None = None, where: str = "", owner: Any = None) -> int:
+    """Registers `obj` while Dynamo traces, and returns its handle as a
+    constant of that graph. The graph is used once: it is guarded on `obj`'s
+    identity and on what its attribute held (nothing, or `owner`, the original
+    of a copy), and the attribute changes when the kernel runs. Every other
+    live object of the handle class is registered too, so that a model whose
+    runners exist before its first compiled call compiles one more graph, not
+    one per runner."""
+    if cls is not None and not isinstance(obj, cls):
+        raise _wrong_type(obj, cls, where)
+    with _lock:
+        handle = _live(obj)
+        if handle is None:
+            handle = _register(obj, remember=False)
+        _pending.append((_by_id[id(obj)][0] if isinstance(_by_id[id(obj)][0], weakref.ref)
+                         else weakref.ref(obj), handle))
+    _register_live_instances(cls if cls is not None else type(obj), skip=obj)
+    return int(handle)
+
+
+def _register_live_instances(cls: type, skip: Any = None) -> int:
+    """Registers (weakly) every live object of `cls` that is not registered,
+    or is a copy of a registered one."""
+    found = [o for o in gc.get_objects() if issubclass(type(o), cls) and o is not skip]
+    count = 0
+    for o in found:
+        if _live(o) is None:
+            try:
+                register(o)
+                count += 1
+            except TypeError:
+                pass  # cannot be held weakly: registered when first passed
+    return count
 
 
 def _dynamo_registers_at_trace_time() -> bool:
     """Whether `torch._dynamo.assume_constant_result` accepts a plain object
     argument (it calls the function at trace time with the real object and
-    guards on its identity); torch releases before that lack it. Read from
-    Dynamo's source file, because importing Dynamo takes a second."""
-    import os
-
-    import torch
-
-    path = os.path.join(os.path.dirname(torch.__file__), "_dynamo", "variables", "functions.py")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
-        return False
+    guards on its identity); torch releases before that lack it."""
+    text = _dynamo_source("variables.functions")
     start = text.find("def invoke_and_store_as_constant(")
     if start < 0:
         return False
@@ -198,41 +453,18 @@ def _dynamo_registers_at_trace_time() -> bool:
 _TRACE_TIME_REGISTRATION: bool | None = None  # decided when the first op with a handle is defined
 
 
-def traced_handle(obj: Any, cls: type | None = None, where: str = "") -> int:
-    """The handle under torch.compile, as a constant of the graph.
-
-    Where Dynamo can call a function on the real object at trace time, the
-    object is registered then (guarded on its identity). Otherwise the handle
-    is read from an attribute set at registration, with a check that the
-    attribute belongs to this very object (a copy carries its original's)."""
-    if _TRACE_TIME_REGISTRATION:
-        return _handle_at_trace_time(obj, cls, where)
-    entry = getattr(obj, ATTRIBUTE, None)
-    if entry is None or entry[1] != id(obj):
-        name = type(obj).__name__
-        prefix = f"{where}: " if where else ""
-        raise RuntimeError(
-            f"{prefix}the {name} passed as a handle inside torch.compile was never registered. "
-            f"Call opforge.handles.register(obj) (or the op once outside torch.compile) first."
-        )
-    return entry[0]
-
-
-def _handle_at_trace_time(obj: Any, cls: type | None = None, where: str = "") -> int:
-    return handle_for(obj, cls, where)
-
-
 def _decide_trace_time_registration() -> None:
     """Called when an op with a handle parameter is defined."""
     global _TRACE_TIME_REGISTRATION
+    compile_mode()
     if _TRACE_TIME_REGISTRATION is None:
         ok = _dynamo_registers_at_trace_time()
         if ok:
             if "torch._dynamo" in sys.modules:
-                sys.modules["torch._dynamo"].assume_constant_result(_handle_at_trace_time)
+                sys.modules["torch._dynamo"].assume_constant_result(_register_at_trace_time)
             else:
                 # What assume_constant_result sets, without importing Dynamo.
-                _handle_at_trace_time._dynamo_marked_constant = True
+                _register_at_trace_time._dynamo_marked_constant = True
         _TRACE_TIME_REGISTRATION = ok
 
 

@@ -144,6 +144,41 @@ TEST_F(LibraryTest, HandleParametersResolveToTheRegisteredObject) {
   }
 }
 
+// A symbolic int, as a fake kernel sees a handle while torch.compile traces.
+struct SymbolicNode : c10::SymNodeImpl {
+  bool is_int() override { return true; }
+  std::string str() override { return "s0"; }
+};
+
+TEST_F(LibraryTest, AConcreteSymIntHandleResolvesAndASymbolicOneHasNoObject) {
+  auto runner = std::make_shared<Runner>(Runner{2.0});
+  int64_t h = opforge::RegisterHandle(runner);
+  opforge::Handle<Runner> concrete{c10::SymInt(h)};
+  EXPECT_FALSE(concrete.is_symbolic());
+  EXPECT_EQ(&concrete.get(), runner.get());
+  EXPECT_EQ(concrete.id(), h);
+
+  opforge::Handle<Runner> symbolic{c10::SymInt(c10::SymNode(c10::make_intrusive<SymbolicNode>()))};
+  EXPECT_TRUE(symbolic.is_symbolic());
+  try {
+    (void)symbolic->k;
+    FAIL() << "a symbolic handle has no runner";
+  } catch (const opforge::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is symbolic: a fake kernel runs while torch.compile traces"),
+              std::string::npos)
+        << e.what();
+  }
+  opforge::HandleTable::Global().Release(h);
+}
+
+TEST_F(LibraryTest, AnOpWithAHandleGetsAKernelTorchCompileDoesNotTraceInto) {
+  auto run = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_lib_test::run", "");
+  EXPECT_TRUE(run.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd));
+  EXPECT_FALSE(run.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd));
+  auto split = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_lib_test::split", "");
+  EXPECT_TRUE(split.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd));
+}
+
 TEST_F(LibraryTest, HandleOfAnotherTypeIsRejected) {
   auto inner = std::make_shared<Inner>();
   int64_t h = opforge::RegisterHandle(inner);

@@ -185,9 +185,9 @@ TEST_F(LoweringTest, EnumFieldInsideStruct) {
   EXPECT_EQ(op.leaves[1].allowed.size(), 2u);
 }
 
-TEST_F(LoweringTest, HandleLowersToInt) {
+TEST_F(LoweringTest, HandleLowersToSymIntSoThatCompiledCodeTakesItAsAnInput) {
   LoweredOp op = Lower("mylib::run(Tensor x, Handle(Runner) runner) -> Tensor");
-  EXPECT_EQ(ToString(op.flat), "mylib::run(Tensor x, int runner) -> Tensor");
+  EXPECT_EQ(ToString(op.flat), "mylib::run(Tensor x, SymInt runner) -> Tensor");
   EXPECT_EQ(op.leaves[1].handle_type, "Runner");
 }
 

@@ -43,6 +43,10 @@ struct Runner {
 };
 at::Tensor Run(const at::Tensor& x, opforge::Handle<Runner> runner) { return x * runner->factor; }
 
+// The shape function never uses the runner (under torch.compile it gets a
+// symbolic handle).
+at::Tensor RunFake(const at::Tensor& x, opforge::Handle<Runner>) { return at::empty_like(x); }
+
 // Registers a Runner for Python tests; returns its handle.
 int64_t MakeRunner(double factor) { return opforge::RegisterHandle(std::make_shared<Runner>(Runner{factor})); }
 
@@ -53,5 +57,6 @@ OPFORGE_LIBRARY(opforge_ext, m) {
   m.fake("scale", &ext::ScaleFake);
   m.def("reduce(Tensor x) -> Stats", &ext::Reduce);
   m.def("run(Tensor x, Handle(Runner) runner) -> Tensor", &ext::Run);
+  m.fake("run", &ext::RunFake);
   m.def("make_runner(float factor) -> int", &ext::MakeRunner);
 }

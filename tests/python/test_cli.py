@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -107,6 +108,21 @@ def test_bench_prints_every_row_and_the_budgets(capsys):
                 "5 args, distinct signatures"):
         assert row in out, row
     assert "budget <= 1.3x" in out and "budget >= 4x" in out and "budget <= 0.3 ms" in out
+
+
+def test_bench_runners_compiles_each_model_once_and_prints_the_ratios(capsys, tmp_path):
+    out_file = tmp_path / "runners.json"
+    code, out, _ = run_cli(capsys, "bench", "--runners", "--layers", "6", "--dim", "16", "--backend", "eager",
+                           "--repeats", "1", "--min-time", "0.001", "--compile-repeats", "1",
+                           "--json", str(out_file))
+    assert code == 0
+    assert "6 layers, each compiled with fullgraph=True (backend eager)" in out
+    for row in ("without runners (matmul inline)", "tensor op (weight as a Tensor)", "runner op (Handle[Runner])",
+                "/ without runners", "/ tensor op"):
+        assert row in out, row
+    result = json.loads(out_file.read_text())
+    assert [r["graphs"] for r in result["rows"].values()] == [1, 1, 1]  # six runners, one graph
+    assert all(r["compile_s"] > 0 and r["step_us"] > 0 for r in result["rows"].values())
 
 
 def test_bench_without_cuda_says_so(capsys):

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "opforge/detail/pp.h"
+#include "opforge/error.h"
 #include "opforge/handles.h"
 #include "opforge/spec.h"
 #include "opforge/structs.h"
@@ -109,13 +110,34 @@ class Handle {
   explicit Handle(int64_t id)
       : id_(id), object_(std::static_pointer_cast<T>(HandleTable::Global().Resolve(id, HandleTypeName<T>()))) {}
 
-  T& operator*() const { return *object_; }
-  T* operator->() const { return object_.get(); }
-  T& get() const { return *object_; }
-  int64_t id() const { return id_; }
+  // What a kernel gets from the dispatcher (handle leaves are SymInt, see
+  // docs/handles.md). While torch.compile traces, a fake (Meta) kernel gets a
+  // symbolic handle: it has no object, and using it throws.
+  explicit Handle(const c10::SymInt& id) {
+    if (auto concrete = id.maybe_as_int()) *this = Handle(*concrete);
+  }
+
+  T& operator*() const { return *Object(); }
+  T* operator->() const { return Object(); }
+  T& get() const { return *Object(); }
+  int64_t id() const {
+    Object();
+    return id_;
+  }
+  // True in a fake kernel under torch.compile.
+  bool is_symbolic() const { return object_ == nullptr; }
 
  private:
-  int64_t id_;
+  T* Object() const {
+    if (!object_) {
+      throw Error(ErrorKind::kValueError, "", "opforge::Handle<" + HandleTypeName<T>() + ">",
+                  "is symbolic: a fake kernel runs while torch.compile traces, without the runner.",
+                  "Compute the fake kernel's outputs from its other arguments.");
+    }
+    return object_.get();
+  }
+
+  int64_t id_ = 0;
   std::shared_ptr<T> object_;
 };
 
@@ -280,11 +302,11 @@ struct Leaf<E, std::enable_if_t<kIsEnum<E>>> {
 
 template <class T>
 struct Leaf<Handle<T>> {
-  using Flat = int64_t;
-  using OptFlat = std::optional<int64_t>;
+  using Flat = c10::SymInt;
+  using OptFlat = std::optional<c10::SymInt>;
   static std::string Schema() { return "Handle(" + HandleTypeName<T>() + ")"; }
-  static Handle<T> Build(int64_t v) { return Handle<T>(v); }
-  static Handle<T> FromOpt(const std::optional<int64_t>& v) { return Handle<T>(*Present(v)); }
+  static Handle<T> Build(const c10::SymInt& v) { return Handle<T>(v); }
+  static Handle<T> FromOpt(const std::optional<c10::SymInt>& v) { return Handle<T>(*Present(v)); }
 };
 
 // std::optional<leaf>: already optional, so unchanged inside Optional[Struct].
@@ -583,11 +605,19 @@ class Library {
 
   // Defines an op and its kernel for every backend (as TORCH_LIBRARY's
   // def(schema, fn) does: a CompositeImplicitAutograd kernel).
+  // An op with a Handle parameter gets a CompositeExplicitAutograd kernel
+  // instead: torch.compile must not trace into the runner, so the op stays
+  // opaque and needs a fake kernel (`fake()`), as in docs/handles.md.
   template <class R, class... Args>
   OpBuilder def(const std::string& schema, R (*fn)(Args...)) {
     auto kernel = detail::MakeKernel(fn);
     OpBuilder builder = def(schema);
-    lib_.impl(OpName(builder.name()).c_str(), std::move(kernel));
+    if (HasHandleLeaf(builder.name())) {
+      lib_.impl(OpName(builder.name()).c_str(),
+                torch::dispatch(c10::DispatchKey::CompositeExplicitAutograd, std::move(kernel)));
+    } else {
+      lib_.impl(OpName(builder.name()).c_str(), std::move(kernel));
+    }
     return builder;
   }
 
@@ -624,6 +654,7 @@ class Library {
   static std::string OpName(const std::string& qualified) {
     return qualified.substr(qualified.find("::") + 2);
   }
+  static bool HasHandleLeaf(const std::string& qualified);
 
   torch::Library& lib_;
   std::string ns_;

@@ -161,7 +161,7 @@ class Lowerer {
       if (def && def->kind != Value::Kind::kNone) CheckAllowed(*def, info.allowed, where);
     } else if (unopt.kind == TypeKind::kHandle) {
       info.handle_type = unopt.name;
-      leaf_type = Type::Get(TypeKind::kInt);
+      leaf_type = Type::Get(TypeKind::kSymInt);  // a graph input under torch.compile (docs/handles.md)
       if (type->is_optional()) leaf_type = Type::Optional(leaf_type);
     } else {
       CheckLowerable(*type, registry_, op_, where);

@@ -65,6 +65,15 @@ OpBuilder Library::def(const std::string& schema) {
   return OpBuilder(*this, lowered.flat.name);
 }
 
+bool Library::HasHandleLeaf(const std::string& qualified) {
+  auto lowered = OpSpecRegistry::Global().Find(qualified);
+  if (!lowered) return false;
+  for (const auto& leaf : lowered->leaves) {
+    if (!leaf.handle_type.empty()) return true;
+  }
+  return false;
+}
+
 OpBuilder& OpBuilder::arg_tag(const std::string& tag, const std::vector<std::string>& names) {
   auto lowered = OpSpecRegistry::Global().Find(name_);
   if (!lowered) {

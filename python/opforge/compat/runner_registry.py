@@ -13,6 +13,11 @@ it is released. Unlike it, an id is never reused: a released id stays an
 error, and every new registration gets a new id. Registering the same object
 twice returns the same id. For new code, `opforge.Handle[Runner]` parameters
 take the runner itself and do this bookkeeping for you.
+
+Under torch.compile the id is a graph input, not a constant (where the
+installed torch allows it, see docs/handles.md): layers that each hold their
+own id share one compiled graph, as long as the op declares the id `int`
+(`SymInt` in the schema, which is what `torch.library.custom_op` infers).
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ class RunnerNotFoundError(KeyError):
 
 
 def register_runner(runner: Any) -> int:
-    """The runner's id; the registry keeps the runner alive until `release_runner`."""
-    return handles.pin(runner)
+    """The runner's id (an int); the registry keeps the runner alive until
+    `release_runner`."""
+    return handles.dynamic(handles.pin(runner))
 
 
 def get_runner(runner_id: int) -> Any:
@@ -46,7 +52,7 @@ def get_runner(runner_id: int) -> Any:
         return handles.resolve(runner_id)
     except (LookupError, TypeError, OverflowError):
         raise RunnerNotFoundError(
-            f"get_runner({runner_id}): no runner is registered under this id; it was released, or "
+            f"get_runner({int(runner_id)}): no runner is registered under this id; it was released, or "
             f"register_runner never returned it. Register the runner and use the id register_runner returns."
         ) from None
 

@@ -38,8 +38,9 @@ def _(x, runner_id, out_features):
 def test_register_returns_an_int_and_get_returns_the_same_object():
     runner = FakeRunner(2.0)
     rid = register_runner(runner)
-    assert type(rid) is int
-    assert get_runner(rid) is runner
+    assert isinstance(rid, int) and not isinstance(rid, bool)
+    assert str(rid) == str(int(rid)) and repr(rid) == repr(int(rid))
+    assert get_runner(rid) is runner and get_runner(int(rid)) is runner
     release_runner(rid)
 
 
@@ -150,3 +151,48 @@ def test_concurrent_registrations_get_distinct_ids():
     assert sorted(get_runner(rid).scale for rid in ids) == [float(i) for i in range(64)]
     for rid in ids:
         release_runner(rid)
+
+
+class Layer(torch.nn.Module):
+    """A layer that keeps its runner's id as an int attribute, as the pattern does."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self.runner_id = register_runner(FakeRunner(scale))
+
+    def forward(self, x):
+        return linear_gemm(self.proj(x), self.runner_id, 4).relu()
+
+
+def test_24_layers_each_with_its_own_runner_id_compile_to_at_most_two_graphs():
+    # A module's plain int attribute is a constant to Dynamo (one graph per
+    # id); the ids register_runner returns are graph inputs instead.
+    from torch._dynamo.utils import counters
+
+    from opforge import handles
+
+    if handles.compile_mode() != "dynamic_int":
+        pytest.skip(f"this torch passes bare ints to compiled code as constants "
+                    f"(compile mode {handles.compile_mode()!r}, see docs/handles.md)")
+    torch.manual_seed(0)
+    layers = [Layer(0.5 + i / 24) for i in range(24)]
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        eager = x
+        for layer in layers:
+            eager = layer(eager)
+        torch._dynamo.reset()
+        counters.clear()
+        for layer in layers:
+            layer.compile(fullgraph=True, backend="eager")
+        compiled = x
+        for layer in layers:
+            compiled = layer(compiled)
+        assert counters["stats"]["unique_graphs"] <= 2
+        assert_close(compiled, eager)
+        calls = [get_runner(layer.runner_id).calls for layer in layers]
+        assert calls == [2] * 24  # once eager, once compiled: the compiled graph called each layer's own runner
+    torch._dynamo.reset()
+    for layer in layers:
+        release_runner(layer.runner_id)
