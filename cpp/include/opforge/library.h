@@ -1,4 +1,4 @@
-// The C++ front end (SPEC §4): struct parameters and runner handles for ops
+// The C++ front end (docs/cpp_ops.md): struct parameters and runner handles for ops
 // written in C++, at the cost of a plain TORCH_LIBRARY op.
 //
 //   struct AttnCfg { double scale; bool causal = true; };
@@ -304,7 +304,7 @@ struct Leaf<std::optional<T>,
 
 // ---------------------------------------------------------------------------
 // Nodes: a leaf, a struct or an optional struct, with the rules of the core's
-// lowering (SPEC §2). The flat signature derived here must match the schema
+// lowering (docs/python_ops.md). The flat signature derived here must match the schema
 // the core emits; the dispatcher checks that at registration.
 
 template <class T, class = void>
@@ -557,20 +557,66 @@ void RegisterTypes() {
 
 class Library;
 
-// What `m.def(...)` returns, for per-argument tags.
+namespace detail {
+
+// Defined in opforge/backward.h: registers G as the backward of an op whose
+// kernel has the C++ signature Sig.
+template <class G, class Sig>
+struct AutogradRegistrar;
+
+template <class T, class = void>
+struct IsComplete : std::false_type {};
+template <class T>
+struct IsComplete<T, std::void_t<decltype(sizeof(T))>> : std::true_type {};
+
+}  // namespace detail
+
+// What `m.def(...)` returns, for per-argument tags and a C++ backward.
 class OpBuilder {
  public:
   OpBuilder(Library& lib, std::string name) : lib_(lib), name_(std::move(name)) {}
-  // Declares arguments that must live in symmetric memory (SPEC §5). Names
-  // may be parameters (a struct expands to its Tensor leaves) or leaves.
+  // Declares arguments that must live in symmetric memory (docs/symm_mem.md).
+  // Names may be parameters (a struct expands to its Tensor leaves) or leaves.
   OpBuilder& symm_mem_args(const std::vector<std::string>& names);
   // Attaches `tag` to arguments; the generic form of symm_mem_args.
   OpBuilder& arg_tag(const std::string& tag, const std::vector<std::string>& names);
+  // Declares the op's backward, written against the kernel's C++ signature
+  // `Sig` (e.g. `at::Tensor(const at::Tensor&, const Cfg&)`); see
+  // opforge/backward.h and docs/cpp_ops.md.
+  template <class G, class Sig>
+  OpBuilder& autograd() {
+    static_assert(detail::IsComplete<detail::AutogradRegistrar<G, Sig>>::value,
+                  "opforge: include <opforge/backward.h> to declare a C++ backward.");
+    detail::AutogradRegistrar<G, Sig>::Register(lib_, name_);
+    return *this;
+  }
   const std::string& name() const { return name_; }
 
  private:
   Library& lib_;
   std::string name_;  // "ns::op"
+};
+
+// What `m.def(schema, &kernel)` returns: it knows the kernel's signature, so
+// `.autograd<G>()` needs no other argument.
+template <class Sig>
+class TypedOpBuilder : public OpBuilder {
+ public:
+  using OpBuilder::OpBuilder;
+  explicit TypedOpBuilder(OpBuilder builder) : OpBuilder(std::move(builder)) {}
+  TypedOpBuilder& symm_mem_args(const std::vector<std::string>& names) {
+    OpBuilder::symm_mem_args(names);
+    return *this;
+  }
+  TypedOpBuilder& arg_tag(const std::string& tag, const std::vector<std::string>& names) {
+    OpBuilder::arg_tag(tag, names);
+    return *this;
+  }
+  template <class G>
+  TypedOpBuilder& autograd() {
+    OpBuilder::autograd<G, Sig>();
+    return *this;
+  }
 };
 
 class Library {
@@ -584,11 +630,11 @@ class Library {
   // Defines an op and its kernel for every backend (as TORCH_LIBRARY's
   // def(schema, fn) does: a CompositeImplicitAutograd kernel).
   template <class R, class... Args>
-  OpBuilder def(const std::string& schema, R (*fn)(Args...)) {
+  TypedOpBuilder<R(Args...)> def(const std::string& schema, R (*fn)(Args...)) {
     auto kernel = detail::MakeKernel(fn);
     OpBuilder builder = def(schema);
     lib_.impl(OpName(builder.name()).c_str(), std::move(kernel));
-    return builder;
+    return TypedOpBuilder<R(Args...)>(std::move(builder));
   }
 
   // A kernel for the dispatch key of an OPFORGE_LIBRARY_IMPL block.
