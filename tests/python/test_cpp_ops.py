@@ -1,31 +1,18 @@
 """Ops defined in C++ with OPFORGE_LIBRARY, built against the installed CMake
 package like a user's library, and called from Python with dataclasses."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import opforge
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EXT_SRC = os.path.join(ROOT, "tests", "cpp_ext")
-EXT_BUILD = os.path.join(ROOT, "build", "cpp_ext")
+from cpp_ext import load
 
 
 @pytest.fixture(scope="module")
 def ext():
-    """Builds tests/cpp_ext with find_package(opforge) and loads it."""
-    subprocess.run(
-        ["cmake", "-S", EXT_SRC, "-B", EXT_BUILD, "-G", "Ninja",
-         f"-DCMAKE_PREFIX_PATH={opforge.cmake_prefix_path}", f"-DPython_EXECUTABLE={sys.executable}"],
-        check=True, capture_output=True)
-    build = subprocess.run(["cmake", "--build", EXT_BUILD], capture_output=True, text=True)
-    assert build.returncode == 0, build.stdout + build.stderr
-    torch.ops.load_library(os.path.join(EXT_BUILD, "libopforge_test_ext.so"))
-    return opforge.ops.opforge_ext
+    """tests/cpp_ext, built with find_package(opforge) and loaded."""
+    return load()
 
 
 def test_cpp_op_registers_the_flat_schema_and_keeps_the_original(ext):
