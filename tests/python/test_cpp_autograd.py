@@ -2,12 +2,15 @@
 from Python: gradients of struct fields, gradcheck, opcheck and
 torch.compile(fullgraph=True) forward and backward."""
 
+import os
+
 import pytest
 import torch
 
 import opforge
+from opforge import _bench_cpp
 
-from cpp_ext import load
+from cpp_ext import ROOT, load
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +114,17 @@ def test_the_op_compiles_with_fullgraph_forward_and_backward(ext, Lin, backend):
         torch.testing.assert_close(g, t.grad)
     assert not torch._dynamo.utils.counters["graph_break"]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_the_bench_times_the_cpp_backward_against_a_hand_written_function():
+    library = _bench_cpp.build(os.path.join(ROOT, "build", "bench_cpp_ops"))
+    results = _bench_cpp.measure(library, calls=20, repeats=1)
+    assert set(results.cpp) == {"flat", "structured", "function_bwd", "opforge_bwd"}
+    assert set(results.python) == {"flat", "structured", "structured_wrapper", "function_bwd", "opforge_bwd",
+                                   "opforge_wrapper_bwd"}
+    assert all(v > 0 for v in (*results.cpp.values(), *results.python.values()))
+    text = _bench_cpp.render(results)
+    for row in ("fwd+bwd: hand-written torch::autograd::Function", "fwd+bwd: opforge C++ backward (struct form)",
+                "C++ backward / autograd::Function, from C++", "C++ backward / autograd::Function, from Python"):
+        assert row in text, row
+    assert text.count("budget <= 1.05x") == 4
