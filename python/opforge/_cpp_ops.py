@@ -50,6 +50,8 @@ def _python_value(value: Any, type_: Any) -> Any:
         return _CODE_TO_DTYPE.get(value, value)
     if kind == "Device" and isinstance(value, str):
         return torch.device(value)
+    if kind == "Enum" and not isinstance(value, enum.Enum):
+        return _enum_class(type_.name)(value)  # a C++ default arrives as the member's value
     return value
 
 

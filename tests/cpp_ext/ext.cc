@@ -49,6 +49,25 @@ at::Tensor Run(const at::Tensor& x, opforge::Handle<Runner> runner) { return x *
 // Registers a Runner for Python tests; returns its handle.
 int64_t MakeRunner(double factor) { return opforge::RegisterHandle(std::make_shared<Runner>(Runner{factor})); }
 
+// A struct with C++ default member initializers: from Python, every field
+// but `scale` may be omitted (docs/cpp_ops.md#defaults).
+struct AttnCfg {
+  double scale;
+  bool causal = true;
+  int64_t window = -1;
+  Mode mode = Mode::kMul;
+  std::optional<double> softcap;
+  std::string tag = "attn";
+};
+OPFORGE_STRUCT_NAMED(AttnCfg, "ext.AttnCfg", scale, causal, window, mode, softcap, tag);
+
+// Every field shows in the result, so a default that went wrong shows too.
+at::Tensor Attn(const at::Tensor& x, const AttnCfg& c) {
+  return x * c.scale + (c.causal ? 1 : 0) + static_cast<double>(c.window) * 10 +
+         static_cast<double>(c.mode) * 100 + c.softcap.value_or(0.0) * 1000 +
+         static_cast<double>(c.tag.size()) * 10000;
+}
+
 // An op with a C++ backward: y = (x @ w) * scale + b, with w and b fields of
 // a struct parameter.
 struct Lin {
@@ -120,6 +139,7 @@ OPFORGE_LIBRARY(opforge_ext, m) {
   m.def("reduce(Tensor x) -> Stats", &ext::Reduce);
   m.def("run(Tensor x, Handle(Runner) runner) -> Tensor", &ext::Run);
   m.def("make_runner(float factor) -> int", &ext::MakeRunner);
+  m.def("attn(Tensor x, ext.AttnCfg cfg) -> Tensor", &ext::Attn);
   m.def("linear(Tensor x, ext.Lin lin) -> Tensor", &ext::Linear).autograd<ext::LinearGrad>();
   m.fake("linear", &ext::LinearFake);
   m.def("split(Tensor x, float k) -> ext.Halves", &ext::Split).autograd<ext::SplitGrad>();

@@ -23,6 +23,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -359,7 +360,121 @@ constexpr size_t FieldOffset() {
   }
 }
 
-void RegisterStructDef(const std::string& name, std::vector<FieldText> fields);
+// Registers a struct; `defaults` (parallel to `fields`) are the values C++
+// default member initializers give, checked against the field types.
+void RegisterStructDef(const std::string& name, std::vector<FieldText> fields,
+                       const std::vector<std::optional<Value>>& defaults = {});
+
+// ---------------------------------------------------------------------------
+// Field defaults. A default-constructible struct is default-initialized
+// (`new (p) S`, no braces) into two buffers filled with different bytes: a
+// scalar field whose bytes agree was written by a default member initializer
+// (or the default constructor); one whose bytes differ has no default. Fields
+// of class type (std::optional, std::string, std::vector) are always
+// initialized, so their value is their default. docs/cpp_ops.md#defaults.
+
+class DefaultProbe {
+ public:
+  DefaultProbe(size_t size, size_t align, void (*construct)(void*), void (*destroy)(void*));
+  ~DefaultProbe();
+  DefaultProbe(const DefaultProbe&) = delete;
+  DefaultProbe& operator=(const DefaultProbe&) = delete;
+
+  // False when the default constructor threw: the struct gets no defaults.
+  bool ok() const { return ok_; }
+  const void* object() const { return a_; }
+  // True when bytes [offset, offset + size) are the same in both objects.
+  bool Written(size_t offset, size_t size) const;
+
+ private:
+  size_t size_;
+  size_t align_;
+  void (*destroy_)(void*);
+  void* a_;
+  void* b_;
+  bool ok_ = false;
+};
+
+template <class S>
+void DefaultInitAt(void* p) {
+  ::new (p) S;
+}
+template <class S>
+void DestroyAt(void* p) {
+  static_cast<S*>(p)->~S();
+}
+
+// The schema default of a field value; nullopt where the schema has no form
+// for it (a Tensor, a struct, a handle, a device).
+template <class M, class = void>
+struct FieldDefault {
+  static std::optional<Value> Get(const M&) { return std::nullopt; }
+};
+template <>
+struct FieldDefault<bool> {
+  static std::optional<Value> Get(bool v) { return Value::Bool(v); }
+};
+template <class I>
+struct FieldDefault<I, std::enable_if_t<std::is_same_v<I, int64_t> || std::is_same_v<I, int32_t>>> {
+  static std::optional<Value> Get(I v) { return Value::Int(static_cast<int64_t>(v)); }
+};
+template <class F>
+struct FieldDefault<F, std::enable_if_t<std::is_same_v<F, double> || std::is_same_v<F, float>>> {
+  static std::optional<Value> Get(F v) { return Value::Double(static_cast<double>(v)); }
+};
+template <class E>
+struct FieldDefault<E, std::enable_if_t<kIsEnum<E> || std::is_same_v<E, c10::ScalarType>>> {
+  static std::optional<Value> Get(E v) { return Value::Int(static_cast<int64_t>(v)); }
+};
+template <>
+struct FieldDefault<std::string> {
+  static std::optional<Value> Get(const std::string& v) { return Value::String(v); }
+};
+template <class T>
+struct FieldDefault<std::vector<T>, std::enable_if_t<std::is_same_v<T, int64_t> || std::is_same_v<T, double>>> {
+  static std::optional<Value> Get(const std::vector<T>& v) {
+    std::vector<Value> items;
+    for (T x : v) items.push_back(*FieldDefault<T>::Get(x));
+    return Value::List(std::move(items));
+  }
+};
+template <class T>
+struct FieldDefault<std::optional<T>> {
+  static std::optional<Value> Get(const std::optional<T>& v) {
+    if (!v) return Value::None();
+    return FieldDefault<T>::Get(*v);
+  }
+};
+
+// Per field: its default, or nullopt when it has none (see DefaultProbe).
+template <class S>
+struct StructDefaults {
+  template <class M>
+  static std::optional<Value> Of(const DefaultProbe& probe, const S& s, M S::*member) {
+    const M& value = s.*member;
+    if constexpr (std::is_trivially_default_constructible_v<M>) {
+      const size_t offset = static_cast<size_t>(reinterpret_cast<const char*>(&value) -
+                                                reinterpret_cast<const char*>(&s));
+      if (!probe.Written(offset, sizeof(M))) return std::nullopt;
+    }
+    return FieldDefault<M>::Get(value);
+  }
+  template <size_t... J>
+  static std::vector<std::optional<Value>> Get(std::index_sequence<J...>) {
+    std::vector<std::optional<Value>> out(sizeof...(J));
+    // A struct that cannot be default-constructed has no defaults: there is
+    // no object whose field values C++ would fill in.
+    if constexpr (std::is_default_constructible_v<S> && std::is_destructible_v<S>) {
+      DefaultProbe probe(sizeof(S), alignof(S), &DefaultInitAt<S>, &DestroyAt<S>);
+      if (probe.ok()) {
+        constexpr auto fields = opforge_reflect(static_cast<S*>(nullptr));
+        const S& s = *static_cast<const S*>(probe.object());
+        ((out[J] = Of(probe, s, std::get<J>(fields).member)), ...);
+      }
+    }
+    return out;
+  }
+};
 void RegisterEnumDef(const std::string& name, std::vector<std::string> members,
                      std::vector<int64_t> values);
 
@@ -389,8 +504,9 @@ struct StructNode {
   static void RegisterFields(std::index_sequence<J...>) {
     (Node<FieldType<S, J>>::Register(), ...);
     constexpr auto fields = opforge_reflect(static_cast<S*>(nullptr));
-    RegisterStructDef(Name(), {FieldText{std::get<J>(fields).name,
-                                         Node<FieldType<S, J>>::Schema(), std::nullopt}...});
+    RegisterStructDef(Name(),
+                      {FieldText{std::get<J>(fields).name, Node<FieldType<S, J>>::Schema(), std::nullopt}...},
+                      StructDefaults<S>::Get(std::index_sequence<J...>{}));
   }
   static void Register() {
     static const bool once = (RegisterFields(std::make_index_sequence<kFields>{}), true);
