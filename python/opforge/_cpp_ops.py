@@ -20,6 +20,7 @@ import torch
 
 from . import _C, _types
 from ._codegen import EMPTY, Builder, Param
+from ._cpp_register import Decorators
 from ._types import EnumInfo, StructInfo, TypeInfo
 
 _SCALARS = {
@@ -141,8 +142,9 @@ def _type_info(t: Any) -> TypeInfo:
     return TypeInfo(str(t), "tensor" if t.kind == "Tensor" else "scalar")
 
 
-class CppOp:
-    """An op defined in C++, callable with its original (struct) signature."""
+class CppOp(Decorators):
+    """An op defined in C++, callable with its original (struct) signature;
+    register_fake / register_autograd / register_kernel come from Decorators."""
 
     __slots__ = ("name", "overload", "lowered", "_code", "__dict__")
 

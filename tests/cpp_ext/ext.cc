@@ -144,4 +144,15 @@ OPFORGE_LIBRARY(opforge_ext, m) {
   m.fake("linear", &ext::LinearFake);
   m.def("split(Tensor x, float k) -> ext.Halves", &ext::Split).autograd<ext::SplitGrad>();
   m.fake("split", &ext::SplitFake);
+  // Ops whose fake, backward or kernel come from Python
+  // (tests/python/test_cpp_decorators.py): C++ gives the schema and, but for
+  // `py_kernel`, a CPU kernel.
+  m.def("mix(Tensor x, ext.Lin lin) -> Tensor");
+  m.impl("mix", c10::DeviceType::CPU, &ext::Linear);
+  m.def("halves(Tensor x, float k) -> ext.Halves");
+  m.impl("halves", c10::DeviceType::CPU, &ext::Split);
+  m.def("py_kernel(Tensor x, ext.AttnCfg cfg) -> Tensor");
+  m.def("mix_with_fake(Tensor x, ext.Lin lin) -> Tensor");
+  m.impl("mix_with_fake", c10::DeviceType::CPU, &ext::Linear);
+  m.fake("mix_with_fake", &ext::LinearFake);
 }
