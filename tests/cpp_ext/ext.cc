@@ -140,6 +140,7 @@ OPFORGE_LIBRARY(opforge_ext, m) {
   m.def("run(Tensor x, Handle(Runner) runner) -> Tensor", &ext::Run);
   m.def("make_runner(float factor) -> int", &ext::MakeRunner);
   m.def("attn(Tensor x, ext.AttnCfg cfg) -> Tensor", &ext::Attn);
+  m.def("attn_default(Tensor x, ext.AttnCfg cfg={scale=2.0, window=3}) -> Tensor", &ext::Attn);
   m.def("linear(Tensor x, ext.Lin lin) -> Tensor", &ext::Linear).autograd<ext::LinearGrad>();
   m.fake("linear", &ext::LinearFake);
   m.def("split(Tensor x, float k) -> ext.Halves", &ext::Split).autograd<ext::SplitGrad>();

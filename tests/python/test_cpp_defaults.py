@@ -70,3 +70,13 @@ def test_a_call_with_defaults_omitted_compiles_with_fullgraph(ext, AttnCfg):
     x = torch.arange(4.0)
     torch.testing.assert_close(f(x), expected(x, 0.5) + 1)
     assert not torch._dynamo.utils.counters["graph_break"]
+
+
+def test_a_struct_parameter_default_in_the_schema_makes_the_struct_optional(ext, AttnCfg):
+    assert ext.attn_default.schema == (
+        "opforge_ext::attn_default(Tensor x, float cfg__scale=2., bool cfg__causal=True, int cfg__window=3, "
+        "int cfg__mode=1, float? cfg__softcap=None, str cfg__tag=\"attn\") -> Tensor")
+    x = torch.arange(3.0)
+    torch.testing.assert_close(ext.attn_default(x), expected(x, 2.0, window=3))
+    torch.testing.assert_close(torch.ops.opforge_ext.attn_default(x), expected(x, 2.0, window=3))
+    torch.testing.assert_close(ext.attn_default(x, AttnCfg(1.0)), expected(x, 1.0))
