@@ -16,6 +16,9 @@
 (c) The same from C++, where the forwarding hop is not hidden under Python's
     cost: a loop of dispatcher calls (boxed, and typed/unboxed as a C++
     caller would make them), compiled with the generator's own build.
+(d) Compile cost of the typed header NS_ops.h (`--header` runs only this):
+    CPU-seconds of a translation unit with the header's own includes, with
+    the header, and with the header and every function in it used.
 """
 
 from __future__ import annotations
@@ -210,6 +213,41 @@ def bench_cpp(args, namespace: str) -> None:
         print(f"    {how:<22} generated {g:7.0f} ns   aten {r:7.0f} ns   ratio {g / r:4.2f}x   (+{g - r:.0f} ns)")
 
 
+def bench_header(args) -> None:
+    """(d): what including NS_ops.h costs a C++ caller's translation unit."""
+    import re
+
+    from opforge.gen._build import torch_flags
+
+    out = os.path.join(args.out, "header")
+    timed_generate(args.allowlist, out, args.namespace, tests=False, build=False)
+    header = os.path.join(out, f"{args.namespace}_ops.h")
+    with open(header, encoding="utf-8") as f:
+        text = f.read()
+    names = re.findall(r"^inline .*? (\w+)\(", text, flags=re.M)
+    prelude = text[text.index("#pragma once") + len("#pragma once"):text.index("namespace opforge_gen")]
+    uses = "".join(f"    reinterpret_cast<const void*>(&{args.namespace}::{n}),\n" for n in names)
+    units = [
+        ("the header's includes only", prelude + "int main() { return 0; }\n"),
+        (f"#include \"{os.path.basename(header)}\"", f'#include "{header}"\nint main() {{ return 0; }}\n'),
+        (f"the header, all {len(names)} functions used",
+         f'#include "{header}"\nconst void* kUsed[] = {{\n{uses}}};\nint main() {{ return kUsed[0] != nullptr; }}\n'),
+    ]
+    cflags, _ = torch_flags()
+    print(f"(d) compile cost of {os.path.basename(header)} ({len(names)} typed functions), "
+          f"CPU-s of one translation unit (-O2)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, source in units:
+            path = os.path.join(tmp, "unit.cc")
+            with open(path, "w") as f:
+                f.write(source)
+            cpu, wall = children_cpu(), time.perf_counter()
+            subprocess.run(["c++"] + cflags + ["-c", path, "-o", os.path.join(tmp, "unit.o")], check=True)
+            print(f"    {label:<44} {children_cpu() - cpu:6.1f} CPU-s {time.perf_counter() - wall:6.1f} s wall")
+    if args.calibrate:
+        print(f"    one <torch/torch.h> translation unit, for scale: {calibrate():.1f} CPU-s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--allowlist", default=DEFAULT_ALLOWLIST)
@@ -219,11 +257,16 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=10000)
     parser.add_argument("--skip-build", action="store_true", help="only the per-call overhead")
     parser.add_argument("--calibrate", action="store_true", help="also time one <torch/torch.h> TU")
+    parser.add_argument("--header", action="store_true", help="only the compile cost of NS_ops.h")
     args = parser.parse_args()
+    if args.header:
+        bench_header(args)
+        return 0
     if not args.skip_build:
         bench_build(args)
     bench_overhead(args)
     bench_cpp(args, args.namespace)
+    bench_header(args)
     return 0
 
 

@@ -349,6 +349,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from . import _bench_runners
 
     _bench_runners.add_arguments(parser)
+    parser.add_argument("--no-cpp", dest="cpp", action="store_false",
+                        help="skip the C++ section (it compiles a small op library on first use)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -375,6 +377,11 @@ def run(args: argparse.Namespace) -> int:
         registration[f"{n} args, distinct signatures"] = measure_registration(
             n, count=args.registrations, repeats=max(3, args.repeats // 2), distinct=True)
     print(render(device, calls, registration, args.repeats))
+    if args.cpp:
+        from . import _bench_cpp
+
+        print()
+        print(_bench_cpp.section(repeats=max(args.repeats, 5) * 4))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "torch": torch.__version__, "calls": calls, "registration": registration},

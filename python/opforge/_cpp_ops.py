@@ -20,6 +20,7 @@ import torch
 
 from . import _C, _types
 from ._codegen import EMPTY, Builder, Param
+from ._cpp_register import Decorators
 from ._types import EnumInfo, StructInfo, TypeInfo
 
 _SCALARS = {
@@ -50,6 +51,8 @@ def _python_value(value: Any, type_: Any) -> Any:
         return _CODE_TO_DTYPE.get(value, value)
     if kind == "Device" and isinstance(value, str):
         return torch.device(value)
+    if kind == "Enum" and not isinstance(value, enum.Enum):
+        return _enum_class(type_.name)(value)  # a C++ default arrives as the member's value
     return value
 
 
@@ -139,10 +142,11 @@ def _type_info(t: Any) -> TypeInfo:
     return TypeInfo(str(t), "tensor" if t.kind == "Tensor" else "scalar")
 
 
-class CppOp(_C.OpBase):
+class CppOp(_C.OpBase, Decorators):
     """An op defined in C++, callable with its original (struct) signature.
     Calls enter C like `@opforge.op` ops: the boundary binds and converts the
-    arguments, then the call goes through the dispatcher to the C++ kernel."""
+    arguments, then the call goes through the dispatcher to the C++ kernel.
+    register_fake / register_autograd / register_kernel come from Decorators."""
 
     __slots__ = ("name", "overload", "lowered", "model", "boundary", "_code", "__dict__")
 

@@ -1,7 +1,10 @@
 // Ops with struct, enum, optional-struct and handle parameters, defined in C++.
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 
+#include <opforge/backward.h>
 #include <opforge/opforge.h>
 
 namespace ext {
@@ -50,6 +53,88 @@ at::Tensor RunFake(const at::Tensor& x, opforge::Handle<Runner>) { return at::em
 // Registers a Runner for Python tests; returns its handle.
 int64_t MakeRunner(double factor) { return opforge::RegisterHandle(std::make_shared<Runner>(Runner{factor})); }
 
+// A struct with C++ default member initializers: from Python, every field
+// but `scale` may be omitted (docs/cpp_ops.md#defaults).
+struct AttnCfg {
+  double scale;
+  bool causal = true;
+  int64_t window = -1;
+  Mode mode = Mode::kMul;
+  std::optional<double> softcap;
+  std::string tag = "attn";
+};
+OPFORGE_STRUCT_NAMED(AttnCfg, "ext.AttnCfg", scale, causal, window, mode, softcap, tag);
+
+// Every field shows in the result, so a default that went wrong shows too.
+at::Tensor Attn(const at::Tensor& x, const AttnCfg& c) {
+  return x * c.scale + (c.causal ? 1 : 0) + static_cast<double>(c.window) * 10 +
+         static_cast<double>(c.mode) * 100 + c.softcap.value_or(0.0) * 1000 +
+         static_cast<double>(c.tag.size()) * 10000;
+}
+
+// An op with a C++ backward: y = (x @ w) * scale + b, with w and b fields of
+// a struct parameter.
+struct Lin {
+  at::Tensor w;
+  std::optional<at::Tensor> b;
+  double scale = 1.0;
+};
+OPFORGE_STRUCT_NAMED(Lin, "ext.Lin", w, b, scale);
+
+at::Tensor Linear(const at::Tensor& x, const Lin& lin) {
+  at::Tensor y = x.matmul(lin.w) * lin.scale;
+  return lin.b ? y + *lin.b : y;
+}
+
+at::Tensor LinearFake(const at::Tensor& x, const Lin& lin) {
+  return at::empty({x.size(0), lin.w.size(1)}, x.options());
+}
+
+struct LinearGrad {
+  static void setup_context(opforge::AutogradContext* ctx, const at::Tensor& x, const Lin& lin,
+                            const at::Tensor& /*out*/) {
+    ctx->save_for_backward({x, lin.w});
+    ctx->saved_data["scale"] = lin.scale;
+  }
+  static opforge::GradsFor<decltype(Linear)> backward(opforge::AutogradContext* ctx, const at::Tensor& grad) {
+    auto saved = ctx->get_saved_variables();
+    const double scale = ctx->saved_data["scale"].toDouble();
+    opforge::Grad<Lin> lin;
+    if (ctx->needs_input_grad(1)) {
+      lin.set(&Lin::w, saved[0].t().matmul(grad) * scale).set(&Lin::b, grad.sum(0));
+    }
+    at::Tensor gx = ctx->needs_input_grad(0) ? grad.matmul(saved[1].t()) * scale : at::Tensor();
+    return {gx, lin};
+  }
+};
+
+// A struct return with a backward: both halves of x, scaled.
+struct Halves {
+  at::Tensor lo;
+  at::Tensor hi;
+};
+OPFORGE_STRUCT_NAMED(Halves, "ext.Halves", lo, hi);
+
+Halves Split(const at::Tensor& x, double k) {
+  const int64_t n = x.size(0) / 2;
+  return Halves{x.slice(0, 0, n) * k, x.slice(0, n) * (2 * k)};
+}
+
+Halves SplitFake(const at::Tensor& x, double) {
+  const int64_t n = x.size(0) / 2;
+  return Halves{at::empty({n}, x.options()), at::empty({x.size(0) - n}, x.options())};
+}
+
+struct SplitGrad {
+  static void setup_context(opforge::AutogradContext* ctx, const at::Tensor&, double k, const Halves&) {
+    ctx->saved_data["k"] = k;
+  }
+  static opforge::GradsFor<decltype(Split)> backward(opforge::AutogradContext* ctx, const Halves& grads) {
+    const double k = ctx->saved_data["k"].toDouble();
+    return {at::cat({grads.lo * k, grads.hi * (2 * k)}), opforge::NoGrad{}};
+  }
+};
+
 }  // namespace ext
 
 OPFORGE_LIBRARY(opforge_ext, m) {
@@ -59,4 +144,21 @@ OPFORGE_LIBRARY(opforge_ext, m) {
   m.def("run(Tensor x, Handle(Runner) runner) -> Tensor", &ext::Run);
   m.fake("run", &ext::RunFake);
   m.def("make_runner(float factor) -> int", &ext::MakeRunner);
+  m.def("attn(Tensor x, ext.AttnCfg cfg) -> Tensor", &ext::Attn);
+  m.def("attn_default(Tensor x, ext.AttnCfg cfg={scale=2.0, window=3}) -> Tensor", &ext::Attn);
+  m.def("linear(Tensor x, ext.Lin lin) -> Tensor", &ext::Linear).autograd<ext::LinearGrad>();
+  m.fake("linear", &ext::LinearFake);
+  m.def("split(Tensor x, float k) -> ext.Halves", &ext::Split).autograd<ext::SplitGrad>();
+  m.fake("split", &ext::SplitFake);
+  // Ops whose fake, backward or kernel come from Python
+  // (tests/python/test_cpp_decorators.py): C++ gives the schema and, but for
+  // `py_kernel`, a CPU kernel.
+  m.def("mix(Tensor x, ext.Lin lin) -> Tensor");
+  m.impl("mix", c10::DeviceType::CPU, &ext::Linear);
+  m.def("halves(Tensor x, float k) -> ext.Halves");
+  m.impl("halves", c10::DeviceType::CPU, &ext::Split);
+  m.def("py_kernel(Tensor x, ext.AttnCfg cfg) -> Tensor");
+  m.def("mix_with_fake(Tensor x, ext.Lin lin) -> Tensor");
+  m.impl("mix_with_fake", c10::DeviceType::CPU, &ext::Linear);
+  m.fake("mix_with_fake", &ext::LinearFake);
 }

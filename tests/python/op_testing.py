@@ -111,15 +111,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def load_test_extension():
-    """Builds tests/cpp_ext with find_package(opforge), as users build their
-    kernel libraries, loads it and returns `opforge.ops.opforge_ext`."""
-    src = os.path.join(ROOT, "tests", "cpp_ext")
-    build_dir = torch_build_dir("cpp_ext")
-    subprocess.run(
-        ["cmake", "-S", src, "-B", build_dir, "-G", "Ninja",
-         f"-DCMAKE_PREFIX_PATH={opforge.cmake_prefix_path}", f"-DPython_EXECUTABLE={sys.executable}"],
-        check=True, capture_output=True)
-    build = subprocess.run(["cmake", "--build", build_dir], capture_output=True, text=True)
-    assert build.returncode == 0, build.stdout + build.stderr
-    torch.ops.load_library(os.path.join(build_dir, "libopforge_test_ext.so"))
-    return opforge.ops.opforge_ext
+    """tests/cpp_ext built with find_package(opforge), as users build their
+    kernel libraries, loaded once: `opforge.ops.opforge_ext`."""
+    from cpp_ext import load
+
+    return load()

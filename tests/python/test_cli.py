@@ -99,7 +99,7 @@ def test_demo_exits_non_zero_when_a_check_fails(capsys, monkeypatch):
 
 def test_bench_prints_every_row_and_the_budgets(capsys):
     code, out, _ = run_cli(capsys, "bench", "--args", "1,5", "--repeats", "1", "--min-time", "0.001",
-                           "--registrations", "2")
+                           "--registrations", "2", "--no-cpp")
     assert code == 0
     for row in ("opforge struct op (eager fast path)", "Library.define + impl", "torch.library.custom_op, flat",
                 "custom_op + register_autograd", "plain torch.autograd.Function",

@@ -15,8 +15,8 @@ def ext():
 
 def test_cpp_op_registers_the_flat_schema_and_keeps_the_original(ext):
     assert ext.scale.schema == (
-        "opforge_ext::scale(Tensor x, float cfg__scale, int cfg__mode, bool cfg__bias__is_set, "
-        "float? cfg__bias__value, Tensor? cfg__bias__t) -> Tensor")
+        "opforge_ext::scale(Tensor x, float cfg__scale, int cfg__mode, bool cfg__bias__is_set=False, "
+        "float? cfg__bias__value=None, Tensor? cfg__bias__t=None) -> Tensor")
     assert ext.scale.spec == "opforge_ext::scale(Tensor x, ext.Cfg cfg) -> Tensor"
 
 

@@ -203,7 +203,7 @@ def test_a_changed_allowlist_recompiles_only_the_table():
     out = os.path.join(OUT, "changes")
     _generate.generate_aten(["abs", "neg"], "opforge_test_changes", out, tests=False)
     changed = _generate.generate_aten(["abs"], "opforge_test_changes", out, tests=False)
-    assert changed.written == ["opforge_test_changes_ops.cc", "opforge_test_changes.pyi",
+    assert changed.written == ["opforge_test_changes_ops.cc", "opforge_test_changes_ops.h", "opforge_test_changes.pyi",
                                "opforge_test_changes.py", "opforge_test_changes_ops.json"]
     assert changed.build.compiled == ["opforge_test_changes_ops.cc"]
     assert changed.build.linked
@@ -224,7 +224,7 @@ def test_progress_lines_go_to_stderr_unless_quiet(tmp_path, capsys):
     assert "opforge_test_cli: 2 ops for 2 of 2 allowlisted names" in captured.out
     assert sorted(os.listdir(tmp_path / "out")) == [
         "opforge_forward.cc", "opforge_forward.h", "opforge_test_cli.py", "opforge_test_cli.pyi",
-        "opforge_test_cli_ops.cc", "opforge_test_cli_ops.json"]
+        "opforge_test_cli_ops.cc", "opforge_test_cli_ops.h", "opforge_test_cli_ops.json"]
     assert cli.main(argv + ["--quiet"]) == 0
     assert capsys.readouterr().err == ""
 

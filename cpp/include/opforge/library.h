@@ -1,4 +1,4 @@
-// The C++ front end (SPEC §4): struct parameters and runner handles for ops
+// The C++ front end (docs/cpp_ops.md): struct parameters and runner handles for ops
 // written in C++, at the cost of a plain TORCH_LIBRARY op.
 //
 //   struct AttnCfg { double scale; bool causal = true; };
@@ -23,6 +23,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -326,7 +327,7 @@ struct Leaf<std::optional<T>,
 
 // ---------------------------------------------------------------------------
 // Nodes: a leaf, a struct or an optional struct, with the rules of the core's
-// lowering (SPEC §2). The flat signature derived here must match the schema
+// lowering (docs/python_ops.md). The flat signature derived here must match the schema
 // the core emits; the dispatcher checks that at registration.
 
 template <class T, class = void>
@@ -381,7 +382,121 @@ constexpr size_t FieldOffset() {
   }
 }
 
-void RegisterStructDef(const std::string& name, std::vector<FieldText> fields);
+// Registers a struct; `defaults` (parallel to `fields`) are the values C++
+// default member initializers give, checked against the field types.
+void RegisterStructDef(const std::string& name, std::vector<FieldText> fields,
+                       const std::vector<std::optional<Value>>& defaults = {});
+
+// ---------------------------------------------------------------------------
+// Field defaults. A default-constructible struct is default-initialized
+// (`new (p) S`, no braces) into two buffers filled with different bytes: a
+// scalar field whose bytes agree was written by a default member initializer
+// (or the default constructor); one whose bytes differ has no default. Fields
+// of class type (std::optional, std::string, std::vector) are always
+// initialized, so their value is their default. docs/cpp_ops.md#defaults.
+
+class DefaultProbe {
+ public:
+  DefaultProbe(size_t size, size_t align, void (*construct)(void*), void (*destroy)(void*));
+  ~DefaultProbe();
+  DefaultProbe(const DefaultProbe&) = delete;
+  DefaultProbe& operator=(const DefaultProbe&) = delete;
+
+  // False when the default constructor threw: the struct gets no defaults.
+  bool ok() const { return ok_; }
+  const void* object() const { return a_; }
+  // True when bytes [offset, offset + size) are the same in both objects.
+  bool Written(size_t offset, size_t size) const;
+
+ private:
+  size_t size_;
+  size_t align_;
+  void (*destroy_)(void*);
+  void* a_;
+  void* b_;
+  bool ok_ = false;
+};
+
+template <class S>
+void DefaultInitAt(void* p) {
+  ::new (p) S;
+}
+template <class S>
+void DestroyAt(void* p) {
+  static_cast<S*>(p)->~S();
+}
+
+// The schema default of a field value; nullopt where the schema has no form
+// for it (a Tensor, a struct, a handle, a device).
+template <class M, class = void>
+struct FieldDefault {
+  static std::optional<Value> Get(const M&) { return std::nullopt; }
+};
+template <>
+struct FieldDefault<bool> {
+  static std::optional<Value> Get(bool v) { return Value::Bool(v); }
+};
+template <class I>
+struct FieldDefault<I, std::enable_if_t<std::is_same_v<I, int64_t> || std::is_same_v<I, int32_t>>> {
+  static std::optional<Value> Get(I v) { return Value::Int(static_cast<int64_t>(v)); }
+};
+template <class F>
+struct FieldDefault<F, std::enable_if_t<std::is_same_v<F, double> || std::is_same_v<F, float>>> {
+  static std::optional<Value> Get(F v) { return Value::Double(static_cast<double>(v)); }
+};
+template <class E>
+struct FieldDefault<E, std::enable_if_t<kIsEnum<E> || std::is_same_v<E, c10::ScalarType>>> {
+  static std::optional<Value> Get(E v) { return Value::Int(static_cast<int64_t>(v)); }
+};
+template <>
+struct FieldDefault<std::string> {
+  static std::optional<Value> Get(const std::string& v) { return Value::String(v); }
+};
+template <class T>
+struct FieldDefault<std::vector<T>, std::enable_if_t<std::is_same_v<T, int64_t> || std::is_same_v<T, double>>> {
+  static std::optional<Value> Get(const std::vector<T>& v) {
+    std::vector<Value> items;
+    for (T x : v) items.push_back(*FieldDefault<T>::Get(x));
+    return Value::List(std::move(items));
+  }
+};
+template <class T>
+struct FieldDefault<std::optional<T>> {
+  static std::optional<Value> Get(const std::optional<T>& v) {
+    if (!v) return Value::None();
+    return FieldDefault<T>::Get(*v);
+  }
+};
+
+// Per field: its default, or nullopt when it has none (see DefaultProbe).
+template <class S>
+struct StructDefaults {
+  template <class M>
+  static std::optional<Value> Of(const DefaultProbe& probe, const S& s, M S::*member) {
+    const M& value = s.*member;
+    if constexpr (std::is_trivially_default_constructible_v<M>) {
+      const size_t offset = static_cast<size_t>(reinterpret_cast<const char*>(&value) -
+                                                reinterpret_cast<const char*>(&s));
+      if (!probe.Written(offset, sizeof(M))) return std::nullopt;
+    }
+    return FieldDefault<M>::Get(value);
+  }
+  template <size_t... J>
+  static std::vector<std::optional<Value>> Get(std::index_sequence<J...>) {
+    std::vector<std::optional<Value>> out(sizeof...(J));
+    // A struct that cannot be default-constructed has no defaults: there is
+    // no object whose field values C++ would fill in.
+    if constexpr (std::is_default_constructible_v<S> && std::is_destructible_v<S>) {
+      DefaultProbe probe(sizeof(S), alignof(S), &DefaultInitAt<S>, &DestroyAt<S>);
+      if (probe.ok()) {
+        constexpr auto fields = opforge_reflect(static_cast<S*>(nullptr));
+        const S& s = *static_cast<const S*>(probe.object());
+        ((out[J] = Of(probe, s, std::get<J>(fields).member)), ...);
+      }
+    }
+    return out;
+  }
+};
 void RegisterEnumDef(const std::string& name, std::vector<std::string> members,
                      std::vector<int64_t> values);
 
@@ -411,8 +526,9 @@ struct StructNode {
   static void RegisterFields(std::index_sequence<J...>) {
     (Node<FieldType<S, J>>::Register(), ...);
     constexpr auto fields = opforge_reflect(static_cast<S*>(nullptr));
-    RegisterStructDef(Name(), {FieldText{std::get<J>(fields).name,
-                                         Node<FieldType<S, J>>::Schema(), std::nullopt}...});
+    RegisterStructDef(Name(),
+                      {FieldText{std::get<J>(fields).name, Node<FieldType<S, J>>::Schema(), std::nullopt}...},
+                      StructDefaults<S>::Get(std::index_sequence<J...>{}));
   }
   static void Register() {
     static const bool once = (RegisterFields(std::make_index_sequence<kFields>{}), true);
@@ -579,20 +695,66 @@ void RegisterTypes() {
 
 class Library;
 
-// What `m.def(...)` returns, for per-argument tags.
+namespace detail {
+
+// Defined in opforge/backward.h: registers G as the backward of an op whose
+// kernel has the C++ signature Sig.
+template <class G, class Sig>
+struct AutogradRegistrar;
+
+template <class T, class = void>
+struct IsComplete : std::false_type {};
+template <class T>
+struct IsComplete<T, std::void_t<decltype(sizeof(T))>> : std::true_type {};
+
+}  // namespace detail
+
+// What `m.def(...)` returns, for per-argument tags and a C++ backward.
 class OpBuilder {
  public:
   OpBuilder(Library& lib, std::string name) : lib_(lib), name_(std::move(name)) {}
-  // Declares arguments that must live in symmetric memory (SPEC §5). Names
-  // may be parameters (a struct expands to its Tensor leaves) or leaves.
+  // Declares arguments that must live in symmetric memory (docs/symm_mem.md).
+  // Names may be parameters (a struct expands to its Tensor leaves) or leaves.
   OpBuilder& symm_mem_args(const std::vector<std::string>& names);
   // Attaches `tag` to arguments; the generic form of symm_mem_args.
   OpBuilder& arg_tag(const std::string& tag, const std::vector<std::string>& names);
+  // Declares the op's backward, written against the kernel's C++ signature
+  // `Sig` (e.g. `at::Tensor(const at::Tensor&, const Cfg&)`); see
+  // opforge/backward.h and docs/cpp_ops.md.
+  template <class G, class Sig>
+  OpBuilder& autograd() {
+    static_assert(detail::IsComplete<detail::AutogradRegistrar<G, Sig>>::value,
+                  "opforge: include <opforge/backward.h> to declare a C++ backward.");
+    detail::AutogradRegistrar<G, Sig>::Register(lib_, name_);
+    return *this;
+  }
   const std::string& name() const { return name_; }
 
  private:
   Library& lib_;
   std::string name_;  // "ns::op"
+};
+
+// What `m.def(schema, &kernel)` returns: it knows the kernel's signature, so
+// `.autograd<G>()` needs no other argument.
+template <class Sig>
+class TypedOpBuilder : public OpBuilder {
+ public:
+  using OpBuilder::OpBuilder;
+  explicit TypedOpBuilder(OpBuilder builder) : OpBuilder(std::move(builder)) {}
+  TypedOpBuilder& symm_mem_args(const std::vector<std::string>& names) {
+    OpBuilder::symm_mem_args(names);
+    return *this;
+  }
+  TypedOpBuilder& arg_tag(const std::string& tag, const std::vector<std::string>& names) {
+    OpBuilder::arg_tag(tag, names);
+    return *this;
+  }
+  template <class G>
+  TypedOpBuilder& autograd() {
+    OpBuilder::autograd<G, Sig>();
+    return *this;
+  }
 };
 
 class Library {
@@ -609,7 +771,7 @@ class Library {
   // instead: torch.compile must not trace into the runner, so the op stays
   // opaque and needs a fake kernel (`fake()`), as in docs/handles.md.
   template <class R, class... Args>
-  OpBuilder def(const std::string& schema, R (*fn)(Args...)) {
+  TypedOpBuilder<R(Args...)> def(const std::string& schema, R (*fn)(Args...)) {
     auto kernel = detail::MakeKernel(fn);
     OpBuilder builder = def(schema);
     if (HasHandleLeaf(builder.name())) {
@@ -618,7 +780,7 @@ class Library {
     } else {
       lib_.impl(OpName(builder.name()).c_str(), std::move(kernel));
     }
-    return builder;
+    return TypedOpBuilder<R(Args...)>(std::move(builder));
   }
 
   // A kernel for the dispatch key of an OPFORGE_LIBRARY_IMPL block.

@@ -2,7 +2,10 @@
 
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <new>
 
 #include "opforge/error.h"
 
@@ -33,9 +36,69 @@ std::string DemangledName(const char* mangled) {
 
 namespace detail {
 
-void RegisterStructDef(const std::string& name, std::vector<FieldText> fields) {
+void RegisterStructDef(const std::string& name, std::vector<FieldText> fields,
+                       const std::vector<std::optional<Value>>& defaults) {
   auto& registry = TypeRegistry::Global();
+  if (!defaults.empty()) {
+    // Printed, then parsed with the field's type by MakeStruct: a value the
+    // type cannot hold (an enum value that is no member) is an error here.
+    ParseOptions options;
+    options.registry = &registry;
+    for (size_t i = 0; i < fields.size() && i < defaults.size(); ++i) {
+      if (!defaults[i]) continue;
+      TypePtr type = ParseType(fields[i].type, options);
+      fields[i].default_value = DefaultToString(*defaults[i], *type);
+    }
+  }
   registry.AddStruct(MakeStruct(name, fields, registry));
+}
+
+namespace {
+
+// Keeps the compiler from treating `p`'s bytes as dead or unknown across this
+// point: the fill before construction and the reads after it stay real.
+inline void Opaque(void* p) { asm volatile("" : : "r"(p) : "memory"); }
+
+}  // namespace
+
+DefaultProbe::DefaultProbe(size_t size, size_t align, void (*construct)(void*), void (*destroy)(void*))
+    : size_(size),
+      align_(align),
+      destroy_(destroy),
+      a_(::operator new(size, std::align_val_t(align))),
+      b_(::operator new(size, std::align_val_t(align))) {
+  std::memset(a_, 0x00, size);
+  std::memset(b_, 0xff, size);
+  Opaque(a_);
+  Opaque(b_);
+  try {
+    construct(a_);
+  } catch (...) {
+    return;
+  }
+  try {
+    construct(b_);
+  } catch (...) {
+    destroy_(a_);
+    return;
+  }
+  Opaque(a_);
+  Opaque(b_);
+  ok_ = true;
+}
+
+DefaultProbe::~DefaultProbe() {
+  if (ok_) {
+    destroy_(a_);
+    destroy_(b_);
+  }
+  ::operator delete(a_, std::align_val_t(align_));
+  ::operator delete(b_, std::align_val_t(align_));
+}
+
+bool DefaultProbe::Written(size_t offset, size_t size) const {
+  return offset + size <= size_ &&
+         std::memcmp(static_cast<const char*>(a_) + offset, static_cast<const char*>(b_) + offset, size) == 0;
 }
 
 void RegisterEnumDef(const std::string& name, std::vector<std::string> members,
@@ -56,9 +119,65 @@ LibraryInit::LibraryInit(torch::Library::Kind kind, const char* ns, std::optiona
 
 }  // namespace detail
 
+namespace {
+
+// The default a struct parameter without one lowers with: no field named, so
+// every leaf takes its field's own default; nested structs likewise.
+Value ImpliedDefault(const StructDef& def, const TypeRegistry& registry) {
+  std::vector<std::string> names;
+  std::vector<Value> items;
+  for (const auto& field : def.fields) {
+    if (field.default_value || field.type->kind != TypeKind::kStruct) continue;
+    if (auto nested = registry.FindStruct(field.type->name)) {
+      names.push_back(field.name);
+      items.push_back(ImpliedDefault(*nested, registry));
+    }
+  }
+  return Value::Struct(std::move(names), std::move(items));
+}
+
+// Lowers like LowerText, but struct fields' C++ defaults become leaf defaults
+// in the flat schema even where the struct parameter has no default, so
+// torch.ops callers may omit them (docs/cpp_ops.md#defaults). The original
+// signature is unchanged: opforge.ops callers still pass the struct.
+LoweredOp LowerWithFieldDefaults(const std::string& qualified) {
+  const TypeRegistry& registry = TypeRegistry::Global();
+  ParseOptions parse;
+  parse.registry = &registry;
+  parse.allow_default_before_required = true;
+  FunctionSchema spec;
+  try {
+    spec = ParseSchema(qualified, parse);
+  } catch (const ParseError&) {
+    return LowerText(qualified, LowerOptions{});  // the same parse, with its error
+  }
+  std::vector<size_t> implied;
+  for (size_t i = 0; i < spec.arguments.size(); ++i) {
+    auto& arg = spec.arguments[i];
+    if (arg.default_value || arg.type->kind != TypeKind::kStruct) continue;
+    if (auto def = registry.FindStruct(arg.type->name)) {
+      arg.default_value = ImpliedDefault(*def, registry);
+      implied.push_back(i);
+    }
+  }
+  LoweredOp lowered = Lower(spec, LowerOptions{}, registry);
+  // Defaults torch cannot keep (a required leaf follows) are dropped with a
+  // warning; for these implied ones that is expected, not news.
+  for (size_t i : implied) {
+    const std::string leaf = "'" + spec.arguments[i].name + "__";
+    auto& w = lowered.warnings;
+    w.erase(std::remove_if(w.begin(), w.end(), [&](const std::string& m) { return m.find(leaf) != std::string::npos; }),
+            w.end());
+    lowered.original.arguments[i].default_value.reset();
+  }
+  return lowered;
+}
+
+}  // namespace
+
 OpBuilder Library::def(const std::string& schema) {
   const std::string qualified = ns_ + "::" + schema;
-  LoweredOp lowered = LowerText(qualified, LowerOptions{});
+  LoweredOp lowered = LowerWithFieldDefaults(qualified);
   const std::string flat = ToString(lowered.flat);
   lib_.def(flat.substr(ns_.size() + 2).c_str());
   OpSpecRegistry::Global().Add(lowered);

@@ -2,8 +2,8 @@
 
     >>> report = generate_aten(["add", "abs"], "myaten", "gen/")
     >>> report.files
-    ['opforge_forward.h', 'opforge_forward.cc', 'myaten_ops.cc', 'myaten.pyi', 'myaten.py',
-     'test_myaten_ops.py', 'myaten_ops.json']
+    ['opforge_forward.h', 'opforge_forward.cc', 'myaten_ops.cc', 'myaten_ops.h', 'myaten.pyi',
+     'myaten.py', 'test_myaten_ops.py', 'myaten_ops.json']
     >>> report.library
     'gen/build/libmyaten_ops.so'
 
@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from . import _aten, _cpp, _stubs
+from . import _aten, _cpp, _stubs, _typed
 from ._build import BuildResult, build
 from ._io import Progress, write_if_changed
 
@@ -198,6 +198,8 @@ def generate_aten(allowlist, namespace: str, out_dir: str, *, source: str = "reg
     for name in _cpp.FIXED_SOURCES:
         emit(name, _cpp.fixed_source(name))
     emit(_cpp.table_file(namespace), _cpp.table_source(selection))
+    # Not a build input: C++ callers include it; the library does not.
+    emit(_typed.header_file(namespace), _typed.header_source(selection))
 
     stub_entries = []
     for index, op in enumerate(selection.ops, 1):

@@ -1,0 +1,167 @@
+"""The C++ rows of `opforge bench` (and benchmarks/bench_cpp_ops.py): C++ ops
+compiled on first use from `_bench_cpp_ops.cc`, timed from C++ and from
+Python in this process.
+
+    >>> results = measure(build())
+    >>> results.cpp["opforge_bwd"] / results.cpp["function_bwd"]
+    1.01
+    >>> print(render(results))
+    C++ ops (compiled against torch 2.13.0+cpu), median of 31 repeats
+      from C++, through the dispatcher                   ns per call
+        flat TORCH_LIBRARY op                                   17.8
+        ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bench_cpp_ops.cc")
+LIBRARY = "libopforge_bench_ops.so"
+
+
+def default_build_dir() -> str:
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "opforge", f"bench-{torch.__version__}")
+
+
+def build(build_dir: str | None = None, quiet: bool = True) -> str:
+    """Compiles the bench ops against this opforge and torch, unless the
+    library is newer than its source and the command is unchanged; returns
+    the library path."""
+    from .gen._build import torch_flags
+
+    import opforge
+
+    build_dir = build_dir or default_build_dir()
+    os.makedirs(build_dir, exist_ok=True)
+    library = os.path.join(build_dir, LIBRARY)
+    root = opforge.cmake_prefix_path
+    lib_dir = os.path.join(root, "lib")
+    cflags, ldflags = torch_flags()
+    torch_include = cflags[cflags.index("-isystem") + 1]
+    command = (
+        [os.environ.get("CXX", "c++")] + cflags
+        + ["-isystem", os.path.join(torch_include, "torch", "csrc", "api", "include"),
+           "-I", os.path.join(root, "include"), SOURCE, "-o", library]
+        + ldflags + ["-ltorch", f"-L{lib_dir}", "-lopforge_torch", "-lopforge_core", f"-Wl,-rpath,{lib_dir}"]
+    )
+    stamp = library + ".cmd"
+    current = os.path.exists(library) and os.path.getmtime(library) >= max(
+        os.path.getmtime(SOURCE), os.path.getmtime(os.path.join(lib_dir, "libopforge_torch.so")))
+    if current and os.path.exists(stamp):
+        with open(stamp, encoding="utf-8") as f:
+            current = json.load(f) == command
+    if not current:
+        if not quiet:
+            print(f"  compiling the C++ bench ops into {build_dir} ...", file=sys.stderr, flush=True)
+        proc = subprocess.run(command, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError("compiling the C++ bench ops failed:\n" + proc.stderr[-4000:])
+        with open(stamp, "w", encoding="utf-8") as f:
+            json.dump(command, f)
+    return library
+
+
+@dataclasses.dataclass
+class Results:
+    cpp: dict[str, float]  # ns per call, timed from C++
+    python: dict[str, float]  # µs per call, timed from Python
+    repeats: int
+
+
+def _median_us(fn, calls: int, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def measure(library: str, calls: int = 400, repeats: int = 31) -> Results:
+    """Times every C++ case from C++ (the op `opforge_bench::time_cpp`) and
+    the autograd cases from Python, alternating repeats."""
+    import opforge
+
+    torch.ops.load_library(library)
+    ops = torch.ops.opforge_bench
+    flat, structured, function_bwd, opforge_bwd = ops.time_cpp(calls, repeats)
+    cpp = {"flat": flat, "structured": structured, "function_bwd": function_bwd, "opforge_bwd": opforge_bwd}
+
+    x, w, b = (torch.ones(4, requires_grad=True) for _ in range(3))
+    y = torch.ones(4)
+    lin = opforge.structs.opforge_bench.Lin(w=w, b=b, scale=2.0)
+    cfg = opforge.structs.opforge_bench.Cfg(2.0, True, 3)
+    affine, structured = opforge.ops.opforge_bench.affine, opforge.ops.opforge_bench.structured
+    flat_op, struct_op = ops.flat.default, ops.structured.default
+    autograd_calls = max(calls // 4, 20)
+    # (callable, calls per repeat): bare calls cost ~1/20 of fwd + bwd.
+    cases = {
+        "flat": (lambda: flat_op(y, y, 2.0, True, 3), autograd_calls * 20),
+        "structured": (lambda: struct_op(y, y, 2.0, True, 3), autograd_calls * 20),
+        "structured_wrapper": (lambda: structured(y, y, cfg), autograd_calls * 20),
+        "function_bwd": (lambda: ops.affine_flat(x, w, b, 2.0).sum().backward(), autograd_calls),
+        "opforge_bwd": (lambda: ops.affine(x, w, b, 2.0).sum().backward(), autograd_calls),
+        "opforge_wrapper_bwd": (lambda: affine(x, lin).sum().backward(), autograd_calls),
+    }
+    samples: dict[str, list[float]] = {k: [] for k in cases}
+    for fn, n in cases.values():
+        _median_us(fn, n // 4 + 1, 1)  # warm up
+    for _ in range(repeats):
+        for key, (fn, n) in cases.items():
+            samples[key].append(_median_us(fn, n, 1))
+    python = {k: statistics.median(v) for k, v in samples.items()}
+    return Results(cpp, python, repeats)
+
+
+def render(results: Results) -> str:
+    c, p = results.cpp, results.python
+    r_struct = c["structured"] / c["flat"]
+    r_cpp = c["opforge_bwd"] / c["function_bwd"]
+    r_py = p["opforge_bwd"] / p["function_bwd"]
+    r_struct_py = p["structured"] / p["flat"]
+
+    def verdict(r):
+        return "met" if r <= 1.05 else "NOT met"
+
+    lines = [
+        f"C++ ops (compiled against torch {torch.__version__}), median of {results.repeats} repeats",
+        f"  {'from C++, through the dispatcher':50}{'ns per call':>12}",
+        f"    {'flat TORCH_LIBRARY op':48}{c['flat']:>12.1f}",
+        f"    {'opforge struct op':48}{c['structured']:>12.1f}",
+        f"    {'fwd+bwd: hand-written torch::autograd::Function':48}{c['function_bwd']:>12.1f}",
+        f"    {'fwd+bwd: opforge C++ backward (struct form)':48}{c['opforge_bwd']:>12.1f}",
+        f"  {'from Python':50}{'µs per call':>12}",
+        f"    {'flat TORCH_LIBRARY op':48}{p['flat']:>12.3f}",
+        f"    {'opforge struct op, flat call (torch.ops)':48}{p['structured']:>12.3f}",
+        f"    {'opforge struct op, opforge.ops + dataclass':48}{p['structured_wrapper']:>12.3f}",
+        f"  {'from Python, fwd + .sum().backward()':50}{'µs per call':>12}",
+        f"    {'hand-written torch::autograd::Function op':48}{p['function_bwd']:>12.2f}",
+        f"    {'opforge C++ backward, flat call (torch.ops)':48}{p['opforge_bwd']:>12.2f}",
+        f"    {'opforge C++ backward, opforge.ops + dataclass':48}{p['opforge_wrapper_bwd']:>12.2f}",
+        "  ratios",
+        f"    {'C++ struct op / flat op, from C++':48}{r_struct:>11.3f}x   budget <= 1.05x: {verdict(r_struct)}",
+        f"    {'C++ struct op / flat op, from Python':48}{r_struct_py:>11.3f}x   budget <= 1.05x: {verdict(r_struct_py)}",
+        f"    {'C++ backward / autograd::Function, from C++':48}{r_cpp:>11.3f}x   budget <= 1.05x: {verdict(r_cpp)}",
+        f"    {'C++ backward / autograd::Function, from Python':48}{r_py:>11.3f}x   budget <= 1.05x: {verdict(r_py)}",
+    ]
+    return "\n".join(lines)
+
+
+def section(build_dir: str | None = None, calls: int = 400, repeats: int = 31) -> str:
+    """The C++ section of `opforge bench`, or one line saying why it is missing."""
+    try:
+        library = build(build_dir, quiet=False)
+    except (OSError, RuntimeError) as e:
+        return f"C++ ops: not measured ({str(e).splitlines()[0]})"
+    return render(measure(library, calls=calls, repeats=repeats))
