@@ -239,7 +239,7 @@ def _make_function(op, state: _State) -> type:
     tensor_positions = code.tensor_leaf_positions
     slot = {leaf: k for k, leaf in enumerate(tensor_positions)}
     slots_per_param = [[slot[i] for i in _leaf_indices(node) if i in slot] for node in lowered.params]
-    leaf_returns = all(node[0] == "leaf" for node in lowered.returns)
+    leaf_returns = all(node.is_leaf for node in lowered.returns)
     multiple_returns = len(lowered.returns) > 1
 
     def forward(ctx, *inputs):

@@ -119,66 +119,13 @@ LibraryInit::LibraryInit(torch::Library::Kind kind, const char* ns, std::optiona
 
 }  // namespace detail
 
-namespace {
-
-// The default a struct parameter without one lowers with: no field named, so
-// every leaf takes its field's own default; nested structs likewise.
-Value ImpliedDefault(const StructDef& def, const TypeRegistry& registry) {
-  std::vector<std::string> names;
-  std::vector<Value> items;
-  for (const auto& field : def.fields) {
-    if (field.default_value || field.type->kind != TypeKind::kStruct) continue;
-    if (auto nested = registry.FindStruct(field.type->name)) {
-      names.push_back(field.name);
-      items.push_back(ImpliedDefault(*nested, registry));
-    }
-  }
-  return Value::Struct(std::move(names), std::move(items));
-}
-
-// Lowers like LowerText, but struct fields' C++ defaults become leaf defaults
-// in the flat schema even where the struct parameter has no default, so
-// torch.ops callers may omit them (docs/cpp_ops.md#defaults). The original
-// signature is unchanged: opforge.ops callers still pass the struct.
-LoweredOp LowerWithFieldDefaults(const std::string& qualified) {
-  const TypeRegistry& registry = TypeRegistry::Global();
-  ParseOptions parse;
-  parse.registry = &registry;
-  parse.allow_default_before_required = true;
-  FunctionSchema spec;
-  try {
-    spec = ParseSchema(qualified, parse);
-  } catch (const ParseError&) {
-    return LowerText(qualified, LowerOptions{});  // the same parse, with its error
-  }
-  std::vector<size_t> implied;
-  for (size_t i = 0; i < spec.arguments.size(); ++i) {
-    auto& arg = spec.arguments[i];
-    if (arg.default_value || arg.type->kind != TypeKind::kStruct) continue;
-    if (auto def = registry.FindStruct(arg.type->name)) {
-      arg.default_value = ImpliedDefault(*def, registry);
-      implied.push_back(i);
-    }
-  }
-  LoweredOp lowered = Lower(spec, LowerOptions{}, registry);
-  // Defaults torch cannot keep (a required leaf follows) are dropped with a
-  // warning; for these implied ones that is expected, not news.
-  for (size_t i : implied) {
-    const std::string leaf = "'" + spec.arguments[i].name + "__";
-    auto& w = lowered.warnings;
-    w.erase(std::remove_if(w.begin(), w.end(), [&](const std::string& m) { return m.find(leaf) != std::string::npos; }),
-            w.end());
-    lowered.original.arguments[i].default_value.reset();
-  }
-  return lowered;
-}
-
-}  // namespace
 
 OpBuilder Library::def(const std::string& schema) {
   const std::string qualified = ns_ + "::" + schema;
-  LoweredOp lowered = LowerWithFieldDefaults(qualified);
-  const std::string flat = ToString(lowered.flat);
+  // Struct fields' C++ defaults become leaf defaults in the core's lowering,
+  // so torch.ops callers may omit them (docs/cpp_ops.md#defaults).
+  LoweredOp lowered = LowerText(qualified, LowerOptions{});
+  const std::string flat = ToDefinableString(lowered.flat);
   lib_.def(flat.substr(ns_.size() + 2).c_str());
   OpSpecRegistry::Global().Add(lowered);
   return OpBuilder(*this, lowered.flat.name);
