@@ -246,10 +246,14 @@ def _host_message(op: str, phase: str, e: BaseException) -> str:
                 f"fake tensors, which have no data.{source or ' '}Launch it through torch.library.wrap_triton("
                 f"kernel)[grid](...) there, pass the kernel in extra_triton_kernels=, or keep the op opaque with "
                 f"triton='off' and a shape function fake=.")
+    if phase == "body":
+        fix = ("Move the value check or computation out of the op (do it before calling the op and pass the "
+               "result as a parameter), or keep the op opaque with triton='off' and a shape function fake=.")
+    else:
+        fix = (f"Make {phase} decide from shapes, dtypes and ctx attributes only, or compute the value with "
+               f"tensor operations instead of reading it on the host.")
     return (f"{op}: {who} reads a tensor's value {where}, which torch.compile cannot trace: it runs {who} on "
-            f"fake tensors, which have shapes but no values ({type(e).__name__}).{source or ' '}"
-            f"Move the value check or computation out of the op (do it before calling the op and pass the "
-            f"result as a parameter), or keep the op opaque with triton='off' and a shape function fake=.")
+            f"fake tensors, which have shapes but no values ({type(e).__name__}).{source or ' '}{fix}")
 
 
 def _is_host_error(e: BaseException) -> bool:

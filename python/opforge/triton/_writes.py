@@ -119,8 +119,6 @@ def _analyse(jit: Any, args: dict) -> frozenset | None:
     import torch
     from torch._higher_order_ops import triton_kernel_wrap as tkw
 
-    if not _driver_ready():  # torch's analysis would only guess
-        return None
     log = getattr(tkw, "log", None) or logging.getLogger(_LOGGER)
     failed = _Failed()
     log.addFilter(failed)
@@ -146,6 +144,8 @@ def _analyse(jit: Any, args: dict) -> frozenset | None:
 def written_arguments(kernel: Any, combined: dict) -> frozenset | None:
     """Names of the kernel arguments the kernel writes, or None when the
     analysis cannot tell (no GPU driver, a kernel it does not understand)."""
+    if not _driver_ready():  # torch's analysis would only guess
+        return None
     resolved = _resolve(kernel, combined)
     if resolved is None:
         return None
