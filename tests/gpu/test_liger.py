@@ -9,7 +9,7 @@ Per op and dtype: eager outputs and gradients equal Liger's Function;
 torch.compile(fullgraph=True) with Inductor gives the same values with no
 graph break, and Liger's kernels are in the forward and in the backward
 graph that Inductor compiles (no opaque op). `test_timings` prints the
-forward and forward+backward times next to Liger's Function, eager and
+bf16 forward and forward+backward times next to Liger's Function, eager and
 compiled. The last tests show what opforge reports for ports that let a
 kernel write a tensor they do not own, or whose helper reads tensor values.
 """
@@ -44,6 +44,7 @@ from opforge import _inspect  # noqa: E402
 from triton_testing import chain_text, graph_kernels, jit_function  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
+TIMING_DTYPES = [torch.bfloat16]  # each timed row compiles twice; the training dtype is the one that matters
 DEV = "cuda"
 
 
@@ -214,8 +215,13 @@ def forward_backward(fn, inputs):
     return [o.detach() for o in outs], [a.grad for a in args if a.requires_grad]
 
 
-def tolerances(dtype):
-    return dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+def assert_close_in_scale(a, b, dtype, what):
+    """Elementwise relative tolerance, plus an absolute one in the scale of
+    the tensor (a gradient of 1e-7 is not compared against atol=1e-5)."""
+    rtol, scale = (1.6e-2, 1e-2) if dtype == torch.bfloat16 else (1e-5, 1e-5)
+    a, b = a.float(), b.float()
+    atol = scale * float(b.abs().max()) + 1e-30
+    torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
 
 
 def assert_same(mine, theirs, exact, dtype, what):
@@ -225,10 +231,8 @@ def assert_same(mine, theirs, exact, dtype, what):
     for i, (a, b) in enumerate(zip(mine_outs + mine_grads, outs + grads)):
         if exact:
             torch.testing.assert_close(a, b, rtol=0, atol=0, msg=lambda m: f"{what} [{i}]: {m}")
-        elif dtype == torch.bfloat16:
-            torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-7, msg=lambda m: f"{what} [{i}]: {m}")
         else:
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-9, msg=lambda m: f"{what} [{i}]: {m}")
+            assert_close_in_scale(a, b, dtype, f"{what} [{i}]")
 
 
 # --- eager ---------------------------------------------------------------------------------------
@@ -259,10 +263,13 @@ def test_compiled_fullgraph_with_liger_kernels_in_the_forward_and_backward_graph
     inputs = inputs_for(case, dtype)
     backend = Inductor()
     compiled = torch.compile(case.port, backend=backend, fullgraph=True)
-    mine_outs, mine_grads = forward_backward(compiled, inputs)
+    with warnings.catch_warnings():
+        # The ports hand Liger's helpers copies of what they write (no UndeclaredWriteWarning).
+        warnings.simplefilter("error", ot.UndeclaredWriteWarning)
+        mine_outs, mine_grads = forward_backward(compiled, inputs)
     outs, grads = forward_backward(case.liger, inputs)
     for i, (a, b) in enumerate(zip(mine_outs + mine_grads, outs + grads)):
-        torch.testing.assert_close(a.float(), b.float(), **tolerances(dtype), msg=lambda m: f"{name} [{i}]: {m}")
+        assert_close_in_scale(a, b, dtype, f"{name} {dtype} compiled [{i}]")
 
     assert not torch._dynamo.utils.counters["graph_break"]
     assert len(backend.graphs) == 2, "one forward and one backward graph"
@@ -329,15 +336,6 @@ def test_rms_norm_backward_writing_its_gradient_in_place_warns(capsys):
     assert "writes its argument 'dX_ptr', which is backward's parameter 'dY'" in message
 
 
-def test_the_clean_ports_write_nothing_they_do_not_own():
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ot.UndeclaredWriteWarning)
-        for name, case in CASES.items():
-            torch._dynamo.reset()
-            forward_backward(torch.compile(case.port, backend="inductor", fullgraph=True),
-                             inputs_for(case, torch.float32))
-
-
 def test_liger_cross_entropy_helpers_read_tensor_values_and_the_error_names_liger_line(capsys):
     logits, target = inputs_for(CASES["cross_entropy"], torch.float32)
     f = torch.compile(lambda a, t: P.cross_entropy_literal(a, t)[0], backend="inductor", fullgraph=True)
@@ -383,7 +381,7 @@ def _measure(fn, inputs):
 def test_timings(capsys):
     rows = []
     for name, case in CASES.items():
-        for dtype in DTYPES:
+        for dtype in TIMING_DTYPES:
             inputs = inputs_for(case, dtype, "bench")
             torch._dynamo.reset()
             liger_eager = _measure(case.liger, inputs)

@@ -320,6 +320,7 @@ def test_host_code_in_a_library_helper_names_the_helper_line_and_the_body_line()
     assert f"reached from {__file__}:{_line_of(body, 'count_positive_then_scale')}" in text
 
 
+@pytest.mark.filterwarnings("ignore:Error detected in")  # AOTAutograd traces backward in anomaly mode
 def test_host_code_in_backward_is_reported_as_backward():
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(output)
