@@ -22,7 +22,7 @@ TORCH_PREVIOUS ?= 2.14.1
 SAN_BUILD ?= build/sanitize
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all setup gtest build demo test cpp-test py-test bench sanitize tsan clean \
+.PHONY: all setup gtest build demo test cpp-test py-test gpu-test bench sanitize tsan clean \
 	test-torch-latest test-torch-previous wheel-smoke
 
 all: test
@@ -57,6 +57,16 @@ py-test: build
 	$(PY) -m pytest tests/python -q
 
 test: cpp-test py-test
+
+# GPU tests, with the Python that already has torch with CUDA (nothing is
+# downloaded). liger-kernel, which tests/gpu/test_liger.py needs, comes from a
+# wheel in .whl/ (`pip download liger-kernel --no-deps -d .whl/` where there is
+# network); without one that test skips.
+gpu-test:
+	$(PYTHON) -m pip install -q --no-index --no-deps --find-links .whl liger-kernel \
+	  || echo "no liger-kernel wheel in .whl/: tests/gpu/test_liger.py will skip"
+	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+	$(PYTHON) -m pytest tests/gpu -v -rs
 
 demo: build
 	$(VENV)/bin/opforge demo

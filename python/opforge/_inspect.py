@@ -140,10 +140,30 @@ def describe(op: "_op.OpDef", source: bool = False) -> str:
     else:
         fake = "not needed (no tensor returns)"
     lines.append(f"  fake       {fake}")
+    lines.append(f"  triton     {_triton_line(op)}")
     if source:
         lines += ["  generated code", ""]
         lines += ["    " + line if line else "" for line in op._code.source.splitlines()]
     return "\n".join(lines)
+
+
+def _triton_line(op: "_op.OpDef") -> str:
+    """`add_kernel (forward); add_backward_kernel (backward)`, or why there are none."""
+    kernels = op.triton_kernels
+    if not kernels:
+        return "no Triton kernels: Inductor calls the op as one opaque call"
+    from .triton import _kernels
+
+    def names(ks) -> str:
+        return ", ".join(f"{_kernels.kernel_name(k)} ({getattr(_kernels._chain(k)[-1], '__module__', '?')})"
+                         for k in ks)
+
+    parts = []
+    if kernels.forward:
+        parts.append(f"forward: {names(kernels.forward)}")
+    if kernels.backward:
+        parts.append(f"backward: {names(kernels.backward)}")
+    return "; ".join(parts)
 
 
 def describe_torch_op(name: str) -> str:

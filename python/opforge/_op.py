@@ -78,6 +78,15 @@ class OpDef(_C.OpBase):
 
         return register if fn is None else register(fn)
 
+    @property
+    def triton_kernels(self) -> tuple:
+        """The Triton kernels the op launches, forward's first (`.forward`,
+        `.backward` say which is which); empty for an opaque op. See docs/triton.md."""
+        module = _triton_module()
+        if module is None:
+            return ()
+        return module.kernels_of(self.name, self.__dict__.get("_triton", ("off", (), (), False))[3])
+
     def flatten(self, *args, **kwargs) -> tuple[tuple, dict]:
         """The flat arguments the dispatcher sees for this call."""
         return self._code.flatten_call(*args, **kwargs)
@@ -179,7 +188,8 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
     lib = None
     symm_mem_declared = False
     try:
-        plan = _triton_plan(name, fn, triton, extra_triton_kernels)
+        extra_triton_kernels, mutates_args = tuple(extra_triton_kernels), tuple(mutates_args)
+        plan = _triton_plan(name, fn, triton, extra_triton_kernels, mutates_args)
         body = fn if plan is None else plan.eager_body
         if plan is not None and fake is None:
             fake = plan.traced_body  # as torch.library.triton_op: the traceable body is the fake
@@ -197,6 +207,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
         state = _State(fn=body, fake=fake, backward=backward, setup_context=setup_context,
                        has_tensor_returns=len(model.return_types) > 0)
         opdef = _new_opdef(name, fn, sig, model, boundary, overload, state, lib, devices)
+        opdef.__dict__["_triton"] = (triton, extra_triton_kernels, mutates_args, plan is not None)
         _register_kernels(opdef, body, devices)
         if plan is not None:
             _install_triton_decomposition(opdef, plan)
@@ -397,7 +408,7 @@ def _triton_module():
     return _TRITON[0]
 
 
-def _triton_plan(name: str, fn: Callable, mode: str, extra_kernels):
+def _triton_plan(name: str, fn: Callable, mode: str, extra_kernels, mutates_args=()):
     """What the Triton scan found (SPEC §3.2), or None for an opaque op."""
     if mode not in ("auto", "off", "force"):
         raise ValueError(f"{name}: triton={mode!r} is not one of 'auto', 'off', 'force'.")
@@ -409,7 +420,18 @@ def _triton_plan(name: str, fn: Callable, mode: str, extra_kernels):
         if mode == "force" or extra_kernels:
             raise ValueError(f"{name}: triton={mode!r} needs the triton package, which is not importable.")
         return None
-    return module.plan(name, fn, mode=mode, extra_kernels=extra_kernels)
+    return module.plan(name, fn, mode=mode, extra_kernels=extra_kernels, mutates_args=mutates_args)
+
+
+def _triton_autograd(opdef: "OpDef", backward: Callable, setup_context: Callable | None) -> tuple:
+    """backward and setup_context with their Triton launches made traceable
+    (docs/triton.md): unchanged eagerly, traced copies under AOTAutograd."""
+    mode, extras, mutates_args, _planned = opdef.__dict__.get("_triton", ("off", (), (), False))
+    module = _triton_module() if mode != "off" else None
+    if module is None:
+        return backward, setup_context
+    return module.autograd(opdef.name, opdef.__wrapped__, backward, setup_context, mode=mode,
+                           extra_kernels=extras, mutates_args=mutates_args)
 
 
 def _fake_register_takes_lib() -> bool:
@@ -676,6 +698,7 @@ def _install_version_bump(opdef: OpDef, mutated: list[int]) -> None:
 
 
 def _install_autograd(opdef: OpDef, backward: Callable, setup_context: Callable | None) -> None:
+    backward, setup_context = _triton_autograd(opdef, backward, setup_context)
     state = opdef._state
     state.backward = backward
     state.setup_context = setup_context

@@ -30,9 +30,11 @@ from collections import namedtuple
 from dataclasses import dataclass
 from typing import Callable
 
-from . import _kernels, _rewrite, _scan, _source
+from . import _kernels, _rewrite, _scan, _source, _trace
+from ._trace import HostCodeError, UndeclaredWriteError, UndeclaredWriteWarning
 
-__all__ = ["Plan", "plan", "cache_info", "is_kernel"]
+__all__ = ["Plan", "plan", "autograd", "KernelList", "kernels_of", "cache_info", "is_kernel", "HostCodeError",
+           "UndeclaredWriteError", "UndeclaredWriteWarning"]
 
 is_kernel = _kernels.is_kernel
 
@@ -62,7 +64,8 @@ def cache_info() -> CacheInfo:
                      _rewrite.stats["compile_hits"], _rewrite.stats["compile_misses"])
 
 
-def plan(name: str, fn: Callable, *, mode: str = "auto", extra_kernels: tuple = ()) -> Plan | None:
+def plan(name: str, fn: Callable, *, mode: str = "auto", extra_kernels: tuple = (),
+         mutates_args=()) -> Plan | None:
     """The Triton plan of op `name` with body `fn`, or None when mode is
     'auto' and the body launches no Triton kernel."""
     if mode not in ("auto", "force"):
@@ -97,10 +100,7 @@ def plan(name: str, fn: Callable, *, mode: str = "auto", extra_kernels: tuple = 
         raise ValueError(f"{name}: triton='force', but no Triton kernel was found in the body or the helpers it "
                          f"calls{hint}. Pass the kernels with extra_triton_kernels=(kernel, ...), or use "
                          f"triton='auto'.")
-    for k in kernels.values():
-        problem = _kernels.problem(k)
-        if problem is not None:
-            raise _kernels.KernelError(f"{name}: {problem}", kernel=k)
+    _check_kernels(name, kernels)
     if scan.opaque:
         op, at = scan.opaque[0]
         first = next(iter(kernels.values()))
@@ -114,9 +114,114 @@ def plan(name: str, fn: Callable, *, mode: str = "auto", extra_kernels: tuple = 
     traced = _traced_body(name, target, scan)
     if isinstance(fn, types.MethodType):
         traced = types.MethodType(traced, fn.__self__)
+    traced = _trace.guard(name, traced, _signature(fn), frozenset(_names(mutates_args)))
     eager = fn if not scan.user_wrapped else _unwrapped_eager(fn)
     _scan.planned_ops[name] = tuple(kernels.values())
+    _FORWARD[name] = tuple(kernels.values())
     return Plan(name, eager, traced, tuple(kernels.values()), tuple(scan.launch_texts), tuple(scan.unresolved))
+
+
+def autograd(name: str, body: Callable, backward: Callable | None, setup_context: Callable | None, *,
+             mode: str = "auto", extra_kernels: tuple = (), mutates_args=()) -> tuple:
+    """(backward, setup_context) to use in place of the user's: each one that
+    launches Triton kernels runs unchanged eagerly and as a traced copy while
+    AOTAutograd traces the backward, so Inductor receives its kernels.
+
+        bw, ctx_fn = autograd("mylib::op", body, backward, setup_context)
+    """
+    if mode == "off":
+        _BACKWARD.pop(name, None)
+        return backward, setup_context
+    declared = frozenset(_names(mutates_args))
+    kernels: dict = {}
+    traced_backward = _traced_hook(name, "backward", backward, tuple(extra_kernels), kernels)
+    traced_setup = _traced_hook(name, "setup_context", setup_context, tuple(extra_kernels), kernels)
+    _BACKWARD[name] = tuple(kernels.values())
+    if traced_backward is None and traced_setup is None:
+        return backward, setup_context
+    new_backward = backward
+    if backward is not None:
+        new_backward = _trace.backward_switch(name, backward, traced_backward, _signature(backward))
+    new_setup = setup_context
+    if setup_context is not None:
+        sig = _signature(body)
+        names = tuple(p for p in sig.parameters) if sig is not None else ()
+        new_setup = _trace.setup_context_switch(name, setup_context, traced_setup, names, declared)
+    return new_backward, new_setup
+
+
+def _traced_hook(name: str, what: str, fn: Callable | None, extras: tuple, kernels: dict) -> Callable | None:
+    """The traced copy of backward or setup_context, or None when it launches nothing."""
+    if fn is None:
+        return None
+    target = _body_function(fn)
+    if target is None or not _scan.may_launch(target):
+        return None
+    scan = _scan.Scan()
+    scan.visit(target)
+    if not scan.kernels and not scan.launch_texts and not scan.user_wrapped:
+        return None
+    found = dict(scan.kernels)
+    if scan.unresolved:
+        for k in extras:
+            found.setdefault(id(k), k)
+    _check_kernels(f"{name}: {what}", found)
+    kernels.update(found)
+    traced = _traced_body(f"{name} ({what})", target, scan)
+    if isinstance(fn, types.MethodType):
+        traced = types.MethodType(traced, fn.__self__)
+    return traced
+
+
+class KernelList(tuple):
+    """The kernels an op launches, forward's first; `.forward` and
+    `.backward` (backward and setup_context) say which is which.
+
+        add.triton_kernels            # (add_kernel, add_backward_kernel)
+        add.triton_kernels.backward   # (add_backward_kernel,)
+    """
+
+    forward: tuple
+    backward: tuple
+
+    def __new__(cls, forward: tuple = (), backward: tuple = ()):
+        self = super().__new__(cls, (*forward, *(k for k in backward if k not in forward)))
+        self.forward = tuple(forward)
+        self.backward = tuple(backward)
+        return self
+
+    def __repr__(self) -> str:
+        def names(ks):
+            return ", ".join(_kernels.kernel_name(k) for k in ks)
+
+        return f"KernelList(forward=[{names(self.forward)}], backward=[{names(self.backward)}])"
+
+
+_FORWARD: dict[str, tuple] = {}
+_BACKWARD: dict[str, tuple] = {}
+
+
+def kernels_of(name: str, planned: bool) -> KernelList:
+    """The KernelList of op `name`; `planned` says whether its body became a Triton op."""
+    return KernelList(_FORWARD.get(name, ()) if planned else (), _BACKWARD.get(name, ()))
+
+
+def _names(mutates_args) -> tuple:
+    return (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args or ())
+
+
+def _signature(fn: Callable) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_kernels(name: str, kernels: dict) -> None:
+    for k in kernels.values():
+        problem = _kernels.problem(k)
+        if problem is not None:
+            raise _kernels.KernelError(f"{name}: {problem}", kernel=k)
 
 
 def _body_function(fn: Callable) -> types.FunctionType | None:

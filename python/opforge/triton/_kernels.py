@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any
 
@@ -107,8 +108,9 @@ class KernelError(ValueError):
 def wrap(obj: Any) -> Any:
     """The launch target as traced code sees it: Triton kernels go through
     torch.library.wrap_triton (which returns the kernel itself while wrapping
-    is disabled); anything else, and a kernel the user already wrapped, is
-    returned unchanged."""
+    is disabled), with the kernel's parameter defaults bound at each launch;
+    anything else, and a kernel the user already wrapped, is returned
+    unchanged."""
     kind = classify(obj)
     if kind is None:
         return obj
@@ -119,4 +121,93 @@ def wrap(obj: Any) -> Any:
         return obj
     from torch.library import wrap_triton
 
-    return wrap_triton(obj)
+    return Traceable(obj, wrap_triton(obj))
+
+
+_SPECIAL_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "num_consumer_groups",
+                              "num_buffers_warp_spec", "num_cpu_threads", "maxnreg", "grid", "warmup"})
+
+
+def _provided_by_layers(kernel: Any) -> frozenset:
+    """Parameters that an autotune config or a heuristic of the kernel sets."""
+    names: set = set()
+    for layer in _chain(kernel):
+        kind = classify(layer)
+        if kind == "autotune":
+            for config in getattr(layer, "configs", ()) or ():
+                names.update(getattr(config, "kwargs", {}) or {})
+        elif kind == "heuristics":
+            names.update(getattr(layer, "values", {}) or {})
+    return frozenset(names)
+
+
+_DEFAULTS: dict[int, tuple] = {}  # id(kernel) -> (kernel, ((name, position, default), ...))
+
+
+def defaults_of(kernel: Any) -> tuple:
+    """((name, position, default), ...) for the kernel's parameters that have
+    a default and that no autotune config or heuristic sets."""
+    entry = _DEFAULTS.get(id(kernel))
+    if entry is not None and entry[0] is kernel:
+        return entry[1]
+    jit = _chain(kernel)[-1]
+    provided = _provided_by_layers(kernel)
+    empty = inspect.Parameter.empty
+    out = []
+    for position, param in enumerate(getattr(jit, "params", ()) or ()):
+        default = getattr(param, "default", empty)
+        if default is not empty and param.name not in provided:
+            out.append((param.name, position, default))
+    _DEFAULTS[id(kernel)] = (kernel, tuple(out))
+    return tuple(out)
+
+
+def bind_defaults(kernel: Any, args: tuple, kwargs: dict) -> dict:
+    """kwargs plus every defaulted parameter the launch leaves out, because
+    Inductor launches a traced kernel with exactly the arguments recorded:
+    `element_mul_kernel[grid](x, s, g, n, BLOCK_SIZE=b)` also gets `X_col_stride=1`."""
+    defaults = defaults_of(kernel)
+    if not defaults:
+        return kwargs
+    missing = [(name, d) for name, position, d in defaults if position >= len(args) and name not in kwargs]
+    if not missing:
+        return kwargs
+    return {**kwargs, **dict(missing)}
+
+
+class Traceable:
+    """`wrap_triton(kernel)`, binding the kernel's parameter defaults at each
+    launch and letting opforge check which arguments the kernel writes.
+
+        Traceable(k, wrap_triton(k))[grid](x, out, n)   # wrap_triton(k)[grid](x, out, n, BLOCK=128)
+    """
+
+    __slots__ = ("kernel", "wrapped")
+
+    def __init__(self, kernel: Any, wrapped: Any):
+        self.kernel = kernel
+        self.wrapped = wrapped
+
+    def __getitem__(self, grid: Any) -> "Traceable":
+        return Traceable(self.kernel, self.wrapped[grid])
+
+    def __call__(self, *args, **kwargs):
+        kwargs = bind_defaults(self.kernel, args, kwargs)
+        if _trace.watching():
+            _trace.check_launch(self.kernel, args, kwargs, sys._getframe(1))
+        return self.wrapped(*args, **kwargs)
+
+    def run(self, *args, **kwargs):
+        kwargs = bind_defaults(self.kernel, args, kwargs)
+        if _trace.watching():
+            _trace.check_launch(self.kernel, args, kwargs, sys._getframe(1))
+        return self.wrapped.run(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kernel, name)
+
+    def __repr__(self) -> str:
+        return f"<opforge traceable launch of {kernel_name(self.kernel)}>"
+
+
+from . import _trace  # noqa: E402  (imports this module back)

@@ -47,6 +47,11 @@ class _Globals(dict):
     def __init__(self, real: dict, hooks: dict):
         super().__init__(hooks)
         self["__builtins__"] = real.get("__builtins__", builtins)
+        # The import system reads these from the dict itself (a relative import
+        # inside a traced function needs __package__).
+        for key in ("__name__", "__package__", "__spec__", "__file__"):
+            if key in real:
+                dict.__setitem__(self, key, real[key])
         self.real = real
 
     def __missing__(self, key):

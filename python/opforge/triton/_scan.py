@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dis
+import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -42,16 +45,53 @@ def _key(node: ast.AST) -> tuple:
     return (type(node).__name__, node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)
 
 
+IMPORTED = "\0import:"  # chain root of `importlib.import_module("lib.ops")` written inline
+_IMPORT_FUNCS = frozenset({"import_module", "__import__"})
+
+
 def chain_of(node: ast.AST) -> tuple[str, ...] | None:
-    """`K.add_kernel` -> ('K', 'add_kernel'); None for anything but names and attributes."""
+    """`K.add_kernel` -> ('K', 'add_kernel'); `importlib.import_module("lib.ops").fwd`
+    -> ('\0import:lib.ops', 'fwd'); None for anything else but names and attributes."""
     parts = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
         node = node.value
+    if isinstance(node, ast.Call):
+        module = imported_module(node)
+        if module is None:
+            return None
+        parts.append(IMPORTED + module)
+        return tuple(reversed(parts))
     if not isinstance(node, ast.Name):
         return None
     parts.append(node.id)
     return tuple(reversed(parts))
+
+
+def imported_module(node: ast.AST) -> str | None:
+    """'lib.ops' for `importlib.import_module("lib.ops")` (or `import_module`,
+    `__import__`) with a constant name; None otherwise."""
+    if not isinstance(node, ast.Call) or not node.args or len(node.args) > 1 or node.keywords:
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+    arg = node.args[0]
+    if name not in _IMPORT_FUNCS or not isinstance(arg, ast.Constant) or not isinstance(arg.value, str):
+        return None
+    if name == "__import__" and "." in arg.value:
+        return None  # __import__("a.b") returns the package a, not a.b
+    return arg.value
+
+
+@dataclass(frozen=True)
+class Import:
+    """A name a function binds with an import statement of its own:
+    `from lib.ops import fwd` -> Import('lib.ops', 'fwd', 0, False)."""
+
+    module: str
+    attr: str | None = None
+    level: int = 0
+    top: bool = False  # `import a.b` binds the package a
 
 
 @dataclass
@@ -76,6 +116,7 @@ class CodeInfo:
     loads: list[tuple[tuple[str, ...], str, int]] = field(default_factory=list)
     names: list[tuple[str, str]] = field(default_factory=list)  # without source: (name, root)
     user_wraps: int = 0
+    imports: dict[str, Import] = field(default_factory=dict)  # names bound by imports inside the function
 
 
 _CODE_INFO = _source.CodeCache()
@@ -143,6 +184,32 @@ class _Bindings(ast.NodeVisitor):
 
     def visit_Global(self, node: ast.Global) -> None:
         self.declared_global.update(node.names)
+
+
+class _Imports(ast.NodeVisitor):
+    """Names a def binds by importing: `import a.b as c`, `from .ops import f`,
+    `m = importlib.import_module("lib.ops")`."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, Import] = {}
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            if alias.asname:
+                self.found[alias.asname] = Import(alias.name)
+            else:
+                self.found[alias.name.split(".")[0]] = Import(alias.name, top=True)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        for alias in node.names:
+            if alias.name != "*":
+                self.found[alias.asname or alias.name] = Import(node.module or "", alias.name, node.level)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        module = imported_module(node.value)
+        if module is not None and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            self.found[node.targets[0].id] = Import(module)
+        self.generic_visit(node)
 
 
 class _Collector(ast.NodeVisitor):
@@ -222,12 +289,18 @@ def _collect(found: _source.Found, code: types.CodeType) -> CodeInfo:
     for child in (node.body if isinstance(node.body, list) else [node.body]):
         bindings.visit(child)
     free = set(code.co_freevars)
+    imports = _Imports()
+    for child in (node.body if isinstance(node.body, list) else [node.body]):
+        imports.visit(child)
+    info.imports = imports.found
 
     def root_of(name: str) -> str:
         if name in bindings.declared_global:
             return "global"
         if name in free:
             return "free"
+        if name in info.imports or name.startswith(IMPORTED):
+            return "import"
         if name in bindings.bound:
             return "local"
         return "global"
@@ -268,8 +341,10 @@ class OpRef:
 class Resolver:
     """Looks up name chains the way the function would, right now."""
 
-    def __init__(self, fn: types.FunctionType):
+    def __init__(self, fn: types.FunctionType, imports: dict | None = None):
         self.globals = fn.__globals__
+        self.imports = imports or {}
+        self.failed_imports: list[str] = []
         self.cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
         b = self.globals.get("__builtins__", builtins)
         self.builtins = b.__dict__ if isinstance(b, types.ModuleType) else b
@@ -287,7 +362,36 @@ class Resolver:
             if name in self.globals:
                 return self.globals[name]
             return self.builtins.get(name, MISSING)
+        if kind == "import":
+            if name.startswith(IMPORTED):
+                return self._import(Import(name[len(IMPORTED):]))
+            spec = self.imports.get(name)
+            return MISSING if spec is None else self._import(spec)
         return MISSING
+
+    def _import(self, spec: Import) -> Any:
+        """What the import statement binds, importing the module as the
+        statement would when the body runs."""
+        name = spec.module
+        try:
+            if spec.level:
+                package = self.globals.get("__package__") or (self.globals.get("__name__") or "").rpartition(".")[0]
+                name = importlib.util.resolve_name("." * spec.level + spec.module, package)
+            module = importlib.import_module(name)
+        except Exception as e:  # the body would fail the same way when it runs
+            self.failed_imports.append(f"import of {'.' * spec.level}{spec.module} ({type(e).__name__}: {e})")
+            return MISSING
+        if spec.top:
+            return sys.modules.get(name.split(".")[0], MISSING)
+        if spec.attr is None:
+            return module
+        value = static_getattr(module, spec.attr)
+        if value is MISSING:
+            try:
+                value = importlib.import_module(f"{name}.{spec.attr}")
+            except Exception:
+                return MISSING
+        return value
 
     def walk(self, chain: tuple[str, ...], kind: str) -> list:
         """Every object along the chain, stopping at the first that cannot be
@@ -516,10 +620,11 @@ class Scan:
             return False
         self.results[key] = None  # in progress: recursion counts as no launch
         info = code_info(fn.__code__, fn.__globals__)
-        resolver = Resolver(fn)
+        resolver = Resolver(fn, info.imports)
         result = self._visit_source(fn, info, resolver, depth) if info.found is not None else \
             self._visit_bytecode(fn, info, resolver, depth)
         self.results[key] = result
+        self.unresolved.extend(f"{f} in {where(info, fn)}" for f in resolver.failed_imports)
         return result.needs_rewrite
 
     def _op_call(self, name: str, at: str) -> None:
@@ -611,14 +716,57 @@ class Scan:
 def may_launch(fn: types.FunctionType) -> bool:
     """A quick look at the names a body reads: False when none of them can
     lead to a Triton kernel, so plain ops skip the full scan."""
+    package = fn.__globals__.get("__package__") or ""
+    for module, level in _quick_imports(fn.__code__):
+        # A module imported inside the body (which may be what imports triton):
+        # only the scan can tell what it holds.
+        if (level and not _skipped_module(package, None)) or \
+                (not level and not _skipped_module(module, _module_file(module))):
+            return True
     if not _kernels._types():
         return False
     resolver = Resolver(fn)
     for name, root in _quick_names(fn.__code__):
-        # `ops`: torch.ops.ns.op(...) may be another Triton op.
-        if name == "ops" or interesting(resolver.root(name, root)):
+        # `ops`: torch.ops.ns.op(...) may be another Triton op; `import_module`
+        # and `__import__` import a module the scan must look into.
+        if name in ("ops", "import_module", "__import__") or interesting(resolver.root(name, root)):
             return True
     return False
+
+
+def _module_file(name: str) -> str | None:
+    module = sys.modules.get(name)
+    return getattr(module, "__file__", None) if module is not None else None
+
+
+_IMPORT_NAME = dis.opmap["IMPORT_NAME"]
+_QUICK_IMPORTS = _source.CodeCache()
+
+
+def _quick_imports(code: types.CodeType) -> list[tuple[str, int]]:
+    """(module, level) of the import statements of a code object and the
+    code nested in it, from the bytecode."""
+    found = _QUICK_IMPORTS.get(code)
+    if found is not None:
+        return found
+    found = []
+
+    def walk(c: types.CodeType) -> None:
+        if _IMPORT_NAME in c.co_code[::2]:
+            previous: list = []
+            for ins in dis.get_instructions(c):
+                if ins.opcode == _IMPORT_NAME:
+                    level = previous[-2].argval if len(previous) >= 2 and isinstance(previous[-2].argval, int) else 0
+                    found.append((ins.argval, level))
+                previous.append(ins)
+                del previous[:-2]
+        for const in c.co_consts:
+            if isinstance(const, types.CodeType):
+                walk(const)
+
+    walk(code)
+    _QUICK_IMPORTS[code] = found
+    return found
 
 
 _QUICK = _source.CodeCache()

@@ -26,7 +26,7 @@ def load_interpreted():
         package = importlib.util.module_from_spec(spec)
         sys.modules[name] = package
         spec.loader.exec_module(package)
-        for sub in ("kernels", "launchers", "ops", "rebind"):
+        for sub in ("kernels", "launchers", "ops", "rebind", "library", "lazy"):
             importlib.import_module(f"{name}.{sub}")
     except BaseException:
         sys.modules.pop(name, None)

@@ -1,0 +1,420 @@
+"""Liger-Kernel's ops as opforge ops, on a CUDA GPU (docs/triton.md, "Ports
+of a Triton library"): one `@opforge.op` per Liger autograd.Function, with
+`backward=` calling Liger's own backward helper (tests/gpu/liger_ports.py).
+
+    pip install --no-deps .whl/liger_kernel-*.whl     # or: make gpu-test
+    python -m pytest tests/gpu/test_liger.py -v -s
+
+Per op and dtype: eager outputs and gradients equal Liger's Function;
+torch.compile(fullgraph=True) with Inductor gives the same values with no
+graph break, and Liger's kernels are in the forward and in the backward
+graph that Inductor compiles (no opaque op). `test_timings` prints the
+bf16 forward and forward+backward times next to Liger's Function, eager and
+compiled. The last tests show what opforge reports for ports that let a
+kernel write a tensor they do not own, or whose helper reads tensor values.
+"""
+
+import os
+import statistics
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+triton = pytest.importorskip("triton")
+pytest.importorskip("liger_kernel", reason="needs liger-kernel (pip install --no-deps .whl/liger_kernel-*.whl)")
+
+import liger_ports as P  # noqa: E402
+from liger_kernel.ops import cross_entropy as liger_ce  # noqa: E402
+from liger_kernel.ops import geglu as liger_geglu  # noqa: E402
+from liger_kernel.ops import layer_norm as liger_ln  # noqa: E402
+from liger_kernel.ops import rms_norm as liger_rms  # noqa: E402
+from liger_kernel.ops import rope as liger_rope  # noqa: E402
+from liger_kernel.ops import softmax as liger_softmax  # noqa: E402
+from liger_kernel.ops import swiglu as liger_swiglu  # noqa: E402
+from liger_kernel.ops.utils import element_mul_kernel  # noqa: E402
+
+import opforge  # noqa: E402
+import opforge.triton as ot  # noqa: E402
+from opforge import _inspect  # noqa: E402
+from triton_testing import chain_text, graph_kernels, jit_function  # noqa: E402
+
+DTYPES = [torch.float32, torch.bfloat16]
+TIMING_DTYPES = [torch.bfloat16]  # each timed row compiles twice; the training dtype is the one that matters
+DEV = "cuda"
+
+
+# --- the cases: one per Liger Function --------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    port: Callable  # the user-facing function over the opforge op
+    liger: Callable  # the same over Liger's autograd.Function
+    inputs: Callable  # (dtype, size) -> tuple of tensors; size is "test" or "bench"
+    op: opforge.OpDef
+    forward_kernels: list  # what the forward graph launches for these inputs
+    backward_kernels: list
+    exact: bool = True  # eager results bit for bit equal to Liger's
+
+
+def leaf(*shape, dtype, scale=1.0):
+    return (torch.randn(*shape, device=DEV, dtype=torch.float32) * scale).to(dtype).requires_grad_()
+
+
+def norm_inputs(dtype, size, bias):
+    rows, cols = (512, 1024) if size == "test" else (4096, 4096)
+    X = leaf(rows, cols, dtype=dtype)
+    W = (torch.rand(cols, device=DEV) + 0.5).to(dtype).requires_grad_()
+    return (X, W, leaf(cols, dtype=dtype)) if bias else (X, W)
+
+
+def glu_inputs(dtype, size):
+    rows, cols = (512, 2048) if size == "test" else (4096, 8192)
+    return leaf(rows, cols, dtype=dtype), leaf(rows, cols, dtype=dtype)
+
+
+def rope_inputs(dtype, size):
+    b, s, hq, hk, d = (2, 128, 8, 2, 64) if size == "test" else (4, 1024, 32, 8, 128)
+    # Llama's layout: (batch, seq, heads, dim) in memory, seen as (batch, heads, seq, dim).
+    q = torch.randn(b, s, hq, d, device=DEV).to(dtype).transpose(1, 2).requires_grad_()
+    k = torch.randn(b, s, hk, d, device=DEV).to(dtype).transpose(1, 2).requires_grad_()
+    angles = torch.arange(s, device=DEV)[:, None] * torch.rand(d // 2, device=DEV)[None, :]
+    angles = torch.cat([angles, angles], dim=-1)[None]
+    return q, k, angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def softmax_inputs(dtype, size):
+    return (leaf(*((512, 1024) if size == "test" else (4096, 4096)), dtype=dtype),)
+
+
+def ce_inputs(dtype, size):
+    rows, vocab = (512, 4096) if size == "test" else (4096, 32000)
+    logits = leaf(rows, vocab, dtype=dtype)
+    target = torch.randint(0, vocab, (rows,), device=DEV)
+    target[::2] = -100  # half the targets ignored: the mean divides by a power of two
+    return logits, target
+
+
+def liger_rms_norm(X, W):
+    return liger_rms.LigerRMSNormFunction.apply(X, W, 1e-6)
+
+
+def liger_layer_norm(X, W, B):
+    return liger_ln.LigerLayerNormFunction.apply(X, W, B, 1e-6)
+
+
+def port_rope(q, k, cos, sin):
+    return P.rope(q, k, cos, sin)
+
+
+def liger_rope_fn(q, k, cos, sin):
+    return liger_rope.LigerRopeFunction.apply(q, k, cos, sin)
+
+
+def swiglu_kernels():
+    tiled = liger_swiglu._should_tile(2048)
+    return ([liger_swiglu._swiglu_forward_kernel_tiled if tiled else liger_swiglu._swiglu_forward_kernel],
+            [liger_swiglu._swiglu_backward_kernel_tiled if tiled else liger_swiglu._swiglu_backward_kernel])
+
+
+CASES = {
+    "rms_norm": Case(lambda X, W: P.rms_norm(X, W), liger_rms_norm, lambda d, s: norm_inputs(d, s, False),
+                     P.rms_norm_op, [liger_rms._rms_norm_forward_kernel], [liger_rms._rms_norm_backward_kernel]),
+    "layer_norm": Case(lambda X, W, B: P.layer_norm(X, W, B), liger_layer_norm,
+                       lambda d, s: norm_inputs(d, s, True), P.layer_norm_op,
+                       [liger_ln._layer_norm_forward_kernel], [liger_ln._layer_norm_backward_kernel]),
+    "swiglu": Case(P.swiglu, liger_swiglu.LigerSiLUMulFunction.apply, glu_inputs, P.swiglu, *swiglu_kernels()),
+    "geglu": Case(P.geglu, liger_geglu.LigerGELUMulFunction.apply, glu_inputs, P.geglu,
+                  [liger_geglu._geglu_tanh_forward_kernel], [liger_geglu._geglu_tanh_backward_kernel]),
+    "rope": Case(port_rope, liger_rope_fn, rope_inputs, P.rope, [liger_rope._triton_rope], [liger_rope._triton_rope]),
+    "softmax": Case(P.softmax, liger_softmax.LigerSoftmaxFunction.apply, softmax_inputs, P.softmax,
+                    [liger_softmax._softmax_single_block_forward_kernel],
+                    [liger_softmax._softmax_single_block_backward_kernel]),
+    "cross_entropy": Case(P.cross_entropy, P.liger_cross_entropy, ce_inputs, P.cross_entropy_sum,
+                          [liger_ce.liger_cross_entropy_kernel], [element_mul_kernel], exact=False),
+}
+NAMES = list(CASES)
+
+
+# --- running them ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def fresh_compile(monkeypatch):
+    """No cache may skip the compile whose graphs a test inspects."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    for config, name, value in ((inductor_config, "force_disable_caches", True),
+                                (inductor_config, "fx_graph_cache", False),
+                                (functorch_config, "enable_autograd_cache", False)):
+        if hasattr(config, name):
+            monkeypatch.setattr(config, name, value)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+class Inductor:
+    """torch.compile's Inductor backend, recording the graphs it compiles
+    (forward first, backward at the first backward call)."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        def inner_compile(graph_module, inputs, *args, **kwargs):
+            self.graphs.append(graph_module)
+            return compile_fx_inner(graph_module, inputs, *args, **kwargs)
+
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+
+    def kernels(self, index):
+        return graph_kernels(self.graphs[index])
+
+    def calls_an_opforge_op(self, index, op):
+        return any(n.target is op.overload for n in self.graphs[index].graph.nodes)
+
+
+def inputs_for(case, dtype, size="test"):
+    torch.manual_seed(0)
+    return case.inputs(dtype, size)
+
+
+def fresh(inputs):
+    """Copies of the inputs (Liger's Functions write some of theirs), same strides, leaves again."""
+    out = []
+    for t in inputs:
+        c = t.detach().clone()
+        out.append(c.requires_grad_() if t.requires_grad else c)
+    return out
+
+
+def as_tuple(out):
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def output_grads(outs):
+    torch.manual_seed(1)
+    return [torch.randn_like(o) for o in outs]
+
+
+def forward_backward(fn, inputs):
+    """(outputs, input gradients) of fn, the outputs given fixed random gradients."""
+    args = fresh(inputs)
+    outs = as_tuple(fn(*args))
+    torch.autograd.backward(outs, output_grads(outs))
+    return [o.detach() for o in outs], [a.grad for a in args if a.requires_grad]
+
+
+def assert_close_in_scale(a, b, dtype, what):
+    """Elementwise relative tolerance, plus an absolute one in the scale of
+    the tensor (a gradient of 1e-7 is not compared against atol=1e-5)."""
+    rtol, scale = (1.6e-2, 1e-2) if dtype == torch.bfloat16 else (1e-5, 1e-5)
+    a, b = a.float(), b.float()
+    atol = scale * float(b.abs().max()) + 1e-30
+    torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def assert_same(mine, theirs, exact, dtype, what):
+    mine_outs, mine_grads = mine
+    outs, grads = theirs
+    assert len(mine_outs) == len(outs) and len(mine_grads) == len(grads), what
+    for i, (a, b) in enumerate(zip(mine_outs + mine_grads, outs + grads)):
+        if exact:
+            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=lambda m: f"{what} [{i}]: {m}")
+        else:
+            assert_close_in_scale(a, b, dtype, f"{what} [{i}]")
+
+
+# --- eager ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", NAMES)
+def test_eager_outputs_and_gradients_equal_liger(name, dtype):
+    case = CASES[name]
+    inputs = inputs_for(case, dtype)
+    assert_same(forward_backward(case.port, inputs), forward_backward(case.liger, inputs), case.exact, dtype,
+                f"{name} {dtype} eager")
+
+
+def test_the_literal_cross_entropy_port_equals_liger_eagerly():
+    inputs = inputs_for(CASES["cross_entropy"], torch.float32)
+    mine = forward_backward(lambda a, t: P.cross_entropy_literal(a, t)[0], inputs)
+    assert_same(mine, forward_backward(P.liger_cross_entropy, inputs), True, torch.float32, "literal cross entropy")
+
+
+# --- compiled ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", NAMES)
+def test_compiled_fullgraph_with_liger_kernels_in_the_forward_and_backward_graphs(name, dtype):
+    case = CASES[name]
+    inputs = inputs_for(case, dtype)
+    backend = Inductor()
+    compiled = torch.compile(case.port, backend=backend, fullgraph=True)
+    with warnings.catch_warnings():
+        # The ports hand Liger's helpers copies of what they write (no UndeclaredWriteWarning).
+        warnings.simplefilter("error", ot.UndeclaredWriteWarning)
+        mine_outs, mine_grads = forward_backward(compiled, inputs)
+    outs, grads = forward_backward(case.liger, inputs)
+    for i, (a, b) in enumerate(zip(mine_outs + mine_grads, outs + grads)):
+        assert_close_in_scale(a, b, dtype, f"{name} {dtype} compiled [{i}]")
+
+    assert not torch._dynamo.utils.counters["graph_break"]
+    assert len(backend.graphs) == 2, "one forward and one backward graph"
+    assert backend.kernels(0) == [jit_function(k) for k in case.forward_kernels]
+    assert backend.kernels(1) == [jit_function(k) for k in case.backward_kernels]
+    assert not backend.calls_an_opforge_op(0, case.op) and not backend.calls_an_opforge_op(1, case.op)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_triton_kernels_and_inspect_list_liger_kernels(name):
+    case = CASES[name]
+    kernels = case.op.triton_kernels
+    assert set(case.forward_kernels) <= set(kernels.forward)
+    assert set(case.backward_kernels) <= set(kernels.backward)
+    text = _inspect.describe(case.op)
+    for k in case.forward_kernels + case.backward_kernels:
+        assert jit_function(k).__name__ in text
+
+
+# --- what opforge reports ---------------------------------------------------------------------------------
+
+
+def show(capsys, text):
+    """Prints a message for the closing note, with or without pytest -s."""
+    with capsys.disabled():
+        print(f"\n{text}\n")
+
+
+def raised(error, kind):
+    """The exception of type kind that error was raised from (torch.compile wraps it)."""
+    e, seen = error, set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    raise AssertionError(f"no {kind.__name__} behind:\n{chain_text(error)}")
+
+
+def test_a_port_whose_kernel_writes_its_input_is_reported(capsys):
+    op = opforge.op("liger_literal::rope")(P.rope_literal_body)
+    q, k, cos, sin = (t.detach() for t in inputs_for(CASES["rope"], torch.float32))
+    before = q.clone()
+    op(q, k, cos, sin)
+    assert not torch.equal(q, before), "eagerly, Liger's kernel rotates the caller's q"
+
+    with pytest.raises(Exception) as info:
+        torch.compile(op, backend="inductor", fullgraph=True)(q, k, cos, sin)
+    text = str(raised(info.value, ot.UndeclaredWriteError))
+    show(capsys, text)
+    assert "liger_literal::rope: Triton kernel '_triton_rope' (launched at rope.py:" in text
+    assert "writes its argument 'q_ptr', which is the op's parameter 'q', but mutates_args does not declare 'q'" in text
+    assert "q.clone()" in text
+
+
+def test_rms_norm_backward_writing_its_gradient_in_place_warns(capsys):
+    X, W = inputs_for(CASES["rms_norm"], torch.float32)
+    f = torch.compile(lambda X, W: P.rms_norm(X, W, in_place=True), backend="inductor", fullgraph=True)
+    with pytest.warns(ot.UndeclaredWriteWarning) as record:
+        forward_backward(f, (X, W))
+    message = next(str(w.message) for w in record if issubclass(w.category, ot.UndeclaredWriteWarning))
+    show(capsys, message)
+    assert "liger::rms_norm: backward: Triton kernel '_rms_norm_backward_kernel' (launched at rms_norm.py:" in message
+    assert "writes its argument 'dX_ptr', which is backward's parameter 'dY'" in message
+
+
+def test_liger_cross_entropy_helpers_read_tensor_values_and_the_error_names_liger_line(capsys):
+    logits, target = inputs_for(CASES["cross_entropy"], torch.float32)
+    f = torch.compile(lambda a, t: P.cross_entropy_literal(a, t)[0], backend="inductor", fullgraph=True)
+    with pytest.raises(Exception) as info:
+        f(logits, target)
+    text = str(raised(info.value, ot.HostCodeError))
+    show(capsys, text)
+    assert "liger::cross_entropy_literal: the body reads a tensor's value at " in text
+    assert f"{os.sep}liger_kernel{os.sep}ops{os.sep}cross_entropy.py:" in text
+    assert "liger_ports.py:" in text.split("(reached from ", 1)[1]
+
+
+# --- timings ------------------------------------------------------------------------------------------
+
+
+def _time_us(fn, leaves):
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=50, rep=200, grad_to_none=leaves, return_mode="median") * 1000
+
+
+def _measure(fn, inputs):
+    """(forward µs, forward+backward µs) of fn, or (None, None) if it fails."""
+    args = fresh(inputs)
+    leaves = [a for a in args if a.requires_grad]
+    try:
+        outs = as_tuple(fn(*args))
+        grads = output_grads(outs)
+        torch.autograd.backward(outs, grads)
+
+        def forward():
+            fn(*args)
+
+        def forward_backward_once():
+            torch.autograd.backward(as_tuple(fn(*args)), grads)
+
+        return _time_us(forward, leaves), _time_us(forward_backward_once, leaves)
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        warnings.warn(f"timing failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        return None, None
+
+
+def test_timings(capsys):
+    rows = []
+    for name, case in CASES.items():
+        for dtype in TIMING_DTYPES:
+            inputs = inputs_for(case, dtype, "bench")
+            torch._dynamo.reset()
+            liger_eager = _measure(case.liger, inputs)
+            liger_compiled = _measure(torch.compile(case.liger), inputs)
+            liger_breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+            torch._dynamo.utils.counters.clear()
+            mine_eager = _measure(case.port, inputs)
+            mine_compiled = _measure(torch.compile(case.port, fullgraph=True), inputs)
+            rows.append((name, str(dtype).replace("torch.", ""), liger_eager, liger_compiled, mine_eager,
+                         mine_compiled, liger_breaks))
+            del inputs
+            torch.cuda.empty_cache()
+
+    def cell(v):
+        return "fails" if v is None else f"{v:.1f}"
+
+    header = ("op", "dtype", "Liger", "Liger+compile", "opforge", "opforge+compile")
+    lines = [f"Liger-Kernel ops, median µs per call on {torch.cuda.get_device_name()} "
+             f"(torch {torch.__version__}, triton {triton.__version__})", ""]
+    for what, index in (("forward", 0), ("forward+backward", 1)):
+        lines.append(f"{what}:")
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "---|" * len(header))
+        for name, dtype, le, lc, me, mc, _ in rows:
+            lines.append(f"| {name} | {dtype} | {cell(le[index])} | {cell(lc[index])} | {cell(me[index])} | "
+                         f"{cell(mc[index])} |")
+        lines.append("")
+    ratios = [r[5][1] / r[3][1] for r in rows if r[5][1] and r[3][1]]
+    if ratios:
+        lines.append(f"opforge+compile / Liger+compile, forward+backward: geometric mean "
+                     f"{statistics.geometric_mean(ratios):.2f}")
+    breaks = {f"{r[0]} {r[1]}": r[6] for r in rows if r[6]}
+    lines.append(f"graph breaks under torch.compile of Liger's Functions: {breaks or 'none'}")
+    show(capsys, "\n".join(lines))
+    measured = [r for r in rows if r[4][0] is not None and r[5][0] is not None]
+    assert len(measured) == len(rows), "every opforge port runs eagerly and compiled"
