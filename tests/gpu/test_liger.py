@@ -62,6 +62,13 @@ class Case:
     exact: bool = True  # eager results bit for bit equal to Liger's
 
 
+
+# torch 2.11's AOTAutograd rejects an in-place write into a saved tensor that
+# requires grad ("a leaf Variable that requires grad is being used in an
+# in-place operation") while tracing the backward, before opforge's write
+# analysis runs; torch 2.13+ traces it and opforge warns.
+_TRACES_SAVED_INPUT_WRITES = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
+
 def leaf(*shape, dtype, scale=1.0):
     return (torch.randn(*shape, device=DEV, dtype=torch.float32) * scale).to(dtype).requires_grad_()
 
@@ -325,6 +332,8 @@ def test_a_port_whose_kernel_writes_its_input_is_reported(capsys):
     assert "q.clone()" in text
 
 
+@pytest.mark.skipif(not _TRACES_SAVED_INPUT_WRITES, reason="torch 2.11 fails the trace itself with "
+                    "'a leaf Variable that requires grad is being used in an in-place operation'")
 def test_rms_norm_backward_writing_its_gradient_in_place_warns(capsys):
     X, W = inputs_for(CASES["rms_norm"], torch.float32)
     f = torch.compile(lambda X, W: P.rms_norm(X, W, in_place=True), backend="inductor", fullgraph=True)

@@ -119,6 +119,7 @@ def test_a_program_whose_compiled_model_holds_runners_exits_quietly():
                 return gemm(x, self.r)
 
         model = torch.nn.Sequential(*[Layer(float(i)) for i in range(4)])
+        model(torch.ones(2))  # registers the runners, as torch 2.11 needs before compiling
         print(torch.compile(model, backend="eager", fullgraph=True)(torch.ones(2)).tolist())
     """)
     assert result.returncode == 0, result.stderr

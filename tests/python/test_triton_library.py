@@ -33,6 +33,13 @@ Tensor = torch.Tensor
 _counter = iter(range(10**6))
 
 
+
+# torch 2.11's AOTAutograd rejects an in-place write into a saved tensor that
+# requires grad ("a leaf Variable that requires grad is being used in an
+# in-place operation") while tracing the backward, before opforge's write
+# analysis runs; torch 2.13+ traces it and opforge warns.
+_TRACES_SAVED_INPUT_WRITES = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
+
 def fresh(name: str) -> str:
     return f"tt_lib::{name}_{next(_counter)}"
 
@@ -414,6 +421,8 @@ def test_a_backward_writing_its_gradient_warns(analysis):
     assert "in_place=False" in message
 
 
+@pytest.mark.skipif(not _TRACES_SAVED_INPUT_WRITES, reason="torch 2.11 fails the trace itself with "
+                    "'a leaf Variable that requires grad is being used in an in-place operation'")
 def test_a_backward_overwriting_a_saved_input_warns(analysis):
     def body(x: Tensor) -> Tensor:
         return lib.square_forward(x)[1]
