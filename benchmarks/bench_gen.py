@@ -1,4 +1,4 @@
-"""Benchmarks for `opforge gen aten` (SPEC §7, §9).
+"""Benchmarks for `opforge gen aten` (docs/codegen.md, docs/performance.md).
 
     python benchmarks/bench_gen.py                 # both parts, the 525-name allowlist
     python benchmarks/bench_gen.py --skip-build    # per-call overhead only (reuses the build)

@@ -1,4 +1,4 @@
-"""The Python rows of SPEC §9: per-call overhead of `@opforge.op` ops against
+"""The Python rows of docs/performance.md: per-call overhead of `@opforge.op` ops against
 `Library.define` + `impl` and `torch.library.custom_op`, forward + backward
 against `custom_op` + `register_autograd` and `torch.autograd.Function`, and
 registration time per op, at 1, 5 and 30 arguments.

@@ -1,5 +1,5 @@
 """Parse + print every schema of the installed torch with opforge's C++ parser
-(SPEC §9 budget: <= 50 ms in total).
+(docs/performance.md budget: <= 50 ms in total).
 
     python benchmarks/bench_schema.py
 """

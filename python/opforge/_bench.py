@@ -1,4 +1,4 @@
-"""`opforge bench`: the Python rows of SPEC §9, measured side by side in one
+"""`opforge bench`: the Python rows of docs/performance.md, measured side by side in one
 process.
 
     opforge bench                      # CPU tensors

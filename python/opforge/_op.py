@@ -409,7 +409,7 @@ def _triton_module():
 
 
 def _triton_plan(name: str, fn: Callable, mode: str, extra_kernels, mutates_args=()):
-    """What the Triton scan found (SPEC §3.2), or None for an opaque op."""
+    """What the Triton scan found (docs/triton.md), or None for an opaque op."""
     if mode not in ("auto", "off", "force"):
         raise ValueError(f"{name}: triton={mode!r} is not one of 'auto', 'off', 'force'.")
     extra_kernels = tuple(extra_kernels)

@@ -1,9 +1,9 @@
 """The `opforge` command line.
 
     opforge demo                 one op of each kind, eager + compiled + backward
-    opforge bench                the per-call overhead table (SPEC §9)
+    opforge bench                the per-call overhead table (docs/performance.md)
     opforge inspect NS::op       original signature, flat schema, mapping tree
-    opforge gen aten|stubs ...   schema codegen (SPEC §7)
+    opforge gen aten|stubs ...   schema codegen (docs/codegen.md)
     opforge --version            opforge's version and the torch it was built against
 
 `python -m opforge ...` is the same command line.

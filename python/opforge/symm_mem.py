@@ -1,4 +1,4 @@
-"""Symmetric-memory arguments (SPEC §5).
+"""Symmetric-memory arguments (docs/symm_mem.md).
 
     @opforge.op("mylib::all_reduce", symm_mem_args=("x",))
     def all_reduce(x: Tensor, reduce_op: str, group_name: str) -> Tensor: ...

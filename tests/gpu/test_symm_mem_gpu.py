@@ -1,4 +1,4 @@
-"""Symmetric-memory arguments on two GPUs of one host (SPEC §5).
+"""Symmetric-memory arguments on two GPUs of one host (docs/symm_mem.md).
 
 Two ranks compile `f(x) = all_reduce(x * 2 + 1, "sum", group_name)`, where
 `all_reduce` is an opforge op whose `input` is a symm_mem argument and whose

@@ -1,4 +1,4 @@
-"""Triton ops on a CUDA GPU (SPEC §3.2): eager results, and the graph that
+"""Triton ops on a CUDA GPU (docs/triton.md): eager results, and the graph that
 reaches Inductor under torch.compile(fullgraph=True).
 
     python -m pytest tests/gpu/test_triton_gpu.py -v

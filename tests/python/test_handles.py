@@ -1,4 +1,4 @@
-"""Runner handles (SPEC §6): the caller passes the object, the dispatcher
+"""Runner handles (docs/handles.md): the caller passes the object, the dispatcher
 sees an int, the body gets the object back; a stale, released or foreign
 handle is a clear error, never another object."""
 

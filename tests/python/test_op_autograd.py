@@ -1,4 +1,4 @@
-"""The autograd bridge (SPEC §3): setup_context sees the original inputs,
+"""The autograd bridge (docs/python_ops.md): setup_context sees the original inputs,
 backward returns one gradient per original parameter, struct slots take None,
 an instance or a dict, and ops without backward fail clearly."""
 

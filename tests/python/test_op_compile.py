@@ -1,4 +1,4 @@
-"""torch.compile(fullgraph=True) over every op form (SPEC §3.3): no graph
+"""torch.compile(fullgraph=True) over every op form (docs/python_ops.md): no graph
 breaks with the eager and inductor backends, dynamic batch sizes, and no more
 recompiles for a struct's float field than for a plain float argument."""
 

@@ -1,4 +1,4 @@
-"""Decoration-time errors (SPEC §3.1): each names the op, the parameter or
+"""Decoration-time errors (docs/python_ops.md): each names the op, the parameter or
 field, and a fix, and is raised before anything is registered. Also: string
 annotations (PEP 563) and closure-local dataclasses resolve.
 

@@ -1,4 +1,4 @@
-"""mutates_args (SPEC §2): a parameter, a leaf or a field path; a struct name
+"""mutates_args (docs/python_ops.md): a parameter, a leaf or a field path; a struct name
 expands to its Tensor leaves only; mutation inside a struct works eagerly and
 compiled, and version counters move as torch.library's do."""
 

@@ -1,4 +1,4 @@
-"""Every parameter and return form of SPEC §2: what the schema says, what the
+"""Every parameter and return form of docs/python_ops.md: what the schema says, what the
 body receives, and what the caller gets back, on the fast path and through
 the dispatcher (the `path` fixture runs each test both ways)."""
 

@@ -1,4 +1,4 @@
-"""Symmetric-memory arguments (SPEC §5): the tag registry, validation,
+"""Symmetric-memory arguments (docs/symm_mem.md): the tag registry, validation,
 the group_name warning, queries, forwarding to torch's native registry, and
 opforge's own Inductor lowering for torch without it.
 

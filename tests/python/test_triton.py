@@ -1,4 +1,4 @@
-"""Ops whose bodies launch Triton kernels (SPEC §3.2), on CPU.
+"""Ops whose bodies launch Triton kernels (docs/triton.md), on CPU.
 
 Kernels cannot run on CPU, so two copies of the helper package are used:
 `triton_helpers` with ordinary @triton.jit kernels, whose launches are traced

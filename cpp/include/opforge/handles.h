@@ -1,5 +1,5 @@
 // One process-wide table of runner objects passed through the dispatcher as
-// ints (SPEC §6).
+// ints (docs/handles.md).
 //
 //   int64_t h = HandleTable::Global().Register(std::make_shared<Runner>(plan), "mylib::Runner");
 //   std::shared_ptr<void> r = HandleTable::Global().Resolve(h, "mylib::Runner");

@@ -1,4 +1,4 @@
-// Argument tags (SPEC §5): names attached to (op, argument), validated
+// Argument tags (docs/symm_mem.md): names attached to (op, argument), validated
 // against the op's lowered schema.
 //
 //   auto args = ResolveTensorArgs(lowered, {"cfg", "k"}, "symm_mem_args");   // struct -> its Tensor leaves

@@ -1,4 +1,4 @@
-// Lowering: op spec -> flat torch schema + mapping tree (SPEC §2).
+// Lowering: op spec -> flat torch schema + mapping tree (docs/python_ops.md).
 #include <algorithm>
 #include <cctype>
 #include <map>

@@ -428,7 +428,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("handle_release", [](int64_t handle) { return HandleTable::Global().Release(handle); });
   m.def("handle_count", [] { return HandleTable::Global().size(); });
 
-  // Ops defined through either front end, and argument tags (SPEC §5).
+  // Ops defined through either front end, and argument tags (docs/symm_mem.md).
   m.def("op_spec", [](const std::string& name) -> py::object {
     auto spec = OpSpecRegistry::Global().Find(name);
     if (!spec) return py::none();

@@ -1,4 +1,4 @@
-"""Schema codegen (SPEC §7): ATen-backed operators and type stubs.
+"""Schema codegen (docs/codegen.md): ATen-backed operators and type stubs.
 
     >>> from opforge import gen
     >>> report = gen.generate_aten(["abs", "addmm"], "myaten", "gen/")   # sources, tests, library

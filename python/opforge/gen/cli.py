@@ -1,4 +1,4 @@
-"""`opforge gen`: schema codegen (SPEC §7).
+"""`opforge gen`: schema codegen (docs/codegen.md).
 
     opforge gen aten --allowlist aten_allowlist.txt --namespace myaten --out gen/
     opforge gen stubs --namespace myaten --out stubs/ [--load lib.so] [--import pkg.ops]

@@ -1,4 +1,4 @@
-"""Triton ops that Inductor can see through (SPEC §3.2).
+"""Triton ops that Inductor can see through (docs/triton.md).
 
 `@opforge.op` calls `plan()` for every op. When the body, or a helper it
 calls, launches a Triton kernel, the plan holds two bodies:
