@@ -260,6 +260,21 @@ def _is_host_error(e: BaseException) -> bool:
     return isinstance(e, _host_errors()) or (isinstance(e, RuntimeError) and "Cannot access data pointer" in str(e))
 
 
+def _run_watched(op: str, where: str, watch: Watch | None, fn: Callable, *args, **kwargs):
+    """fn(*args, **kwargs) with `watch` checking its launches; host code that
+    reads a tensor's value becomes a HostCodeError naming `where` and the
+    user's line."""
+    pushed = _Pushed(watch)
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        if isinstance(e, (UndeclaredWriteError, HostCodeError)) or not _is_host_error(e):
+            raise
+        raise HostCodeError(_host_message(op, where, e))  # noqa: B904 - Dynamo reads __cause__
+    finally:
+        pushed.pop()
+
+
 # --- guards ---------------------------------------------------------------------------------
 
 
@@ -271,15 +286,8 @@ def guard(op: str, traced: Callable, sig: inspect.Signature | None, declared: fr
         return f"the op's parameter '{path}'"
 
     def traced_body(*args, **kwargs):
-        pushed = _Pushed(Watch(op, "body", _param_storages(sig, args, kwargs, declared, describe), True))
-        try:
-            return traced(*args, **kwargs)
-        except Exception as e:
-            if isinstance(e, (UndeclaredWriteError, HostCodeError)) or not _is_host_error(e):
-                raise
-            raise HostCodeError(_host_message(op, "body", e))  # noqa: B904 - Dynamo reads __cause__
-        finally:
-            pushed.pop()
+        watch = Watch(op, "body", _param_storages(sig, args, kwargs, declared, describe), True)
+        return _run_watched(op, "body", watch, traced, *args, **kwargs)
 
     _copy_names(traced_body, traced)
     return traced_body
@@ -332,15 +340,7 @@ def backward_switch(op: str, eager: Callable, traced: Callable | None, sig: insp
         storages.pop(None, None)
         for ref, what in (getattr(ctx, _INPUTS_ATTR, None) or {}).items():
             storages.setdefault(ref, what)
-        pushed = _Pushed(Watch(op, "backward", storages, False))
-        try:
-            return traced(ctx, *grads)
-        except Exception as e:
-            if isinstance(e, HostCodeError) or not _is_host_error(e):
-                raise
-            raise HostCodeError(_host_message(op, "backward", e))  # noqa: B904
-        finally:
-            pushed.pop()
+        return _run_watched(op, "backward", Watch(op, "backward", storages, False), traced, ctx, *grads)
 
     _copy_names(backward, eager)
     return backward
@@ -371,15 +371,7 @@ def setup_context_switch(op: str, eager: Callable, traced: Callable | None, para
         except (AttributeError, TypeError):  # pragma: no cover - autograd contexts take attributes
             pass
         fn = traced if traced is not None else eager
-        pushed = _Pushed(None)
-        try:
-            return fn(ctx, inputs, output)
-        except Exception as e:
-            if isinstance(e, HostCodeError) or not _is_host_error(e):
-                raise
-            raise HostCodeError(_host_message(op, "setup_context", e))  # noqa: B904
-        finally:
-            pushed.pop()
+        return _run_watched(op, "setup_context", None, fn, ctx, inputs, output)
 
     _copy_names(setup_context, eager)
     return setup_context
