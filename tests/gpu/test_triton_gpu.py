@@ -36,20 +36,8 @@ def ops():
 
 
 @pytest.fixture(autouse=True)
-def fresh_compile(monkeypatch):
-    """No cache may skip the compile whose graph a test inspects."""
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
-
-    for config, name, value in ((inductor_config, "force_disable_caches", True),
-                                (inductor_config, "fx_graph_cache", False),
-                                (functorch_config, "enable_autograd_cache", False)):
-        if hasattr(config, name):
-            monkeypatch.setattr(config, name, value)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    yield
-    torch._dynamo.reset()
+def _fresh(fresh_compile):
+    """Every test here inspects the graphs of a compile of its own."""
 
 
 def xy(n=1000):
