@@ -424,6 +424,30 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
 
 Boundary::~Boundary() = default;
 
+namespace {
+
+// A struct node's class, field names and children; `build_child(child,
+// where)` builds each child as a parameter or a return.
+template <class BuildChild>
+void FillStruct(Node& node, const MappingNode& m, py::dict classes, BuildChild build_child) {
+  node.kind = Node::Kind::kStruct;
+  node.cls = classes[py::str(m.struct_name)];
+  node.qual = Qualname(node.cls.ptr());
+  py::tuple kwnames(m.children.size());
+  for (size_t i = 0; i < m.children.size(); ++i) {
+    const MappingNode& child = m.children[i];
+    PyObject* raw = PyUnicode_FromString(child.name.c_str());
+    PyUnicode_InternInPlace(&raw);
+    node.field_names.push_back(py::reinterpret_steal<py::object>(raw));
+    kwnames[i] = node.field_names.back();
+    node.children.push_back(build_child(child, ParamPart(node.where) + ", field " + node.qual + "." + child.name));
+  }
+  node.kwnames = kwnames;
+  node.has_tensor_slots = HasTensorSlots(node);
+}
+
+}  // namespace
+
 Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
                           const c10::FunctionSchema& flat, const std::string& where,
                           py::dict classes, py::dict enum_values, py::dict handle_classes, bool top) {
@@ -466,23 +490,10 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
     }
     return node;
   }
-  node.kind = Node::Kind::kStruct;
   node.optional = m.optional;
-  node.cls = classes[py::str(m.struct_name)];
-  node.qual = Qualname(node.cls.ptr());
-  const std::string& qual = node.qual;
-  py::tuple kwnames(m.children.size());
-  for (size_t i = 0; i < m.children.size(); ++i) {
-    const MappingNode& child = m.children[i];
-    PyObject* raw = PyUnicode_FromString(child.name.c_str());
-    PyUnicode_InternInPlace(&raw);
-    node.field_names.push_back(py::reinterpret_steal<py::object>(raw));
-    kwnames[i] = node.field_names.back();
-    node.children.push_back(BuildParam(child, lowered, flat, ParamPart(where) + ", field " + qual + "." + child.name,
-                                       classes, enum_values, handle_classes, false));
-  }
-  node.kwnames = kwnames;
-  node.has_tensor_slots = HasTensorSlots(node);
+  FillStruct(node, m, classes, [&](const MappingNode& child, const std::string& child_where) {
+    return BuildParam(child, lowered, flat, child_where, classes, enum_values, handle_classes, false);
+  });
   node.cacheable = Cacheable(node);
   if (top && node.cacheable) node.cache = std::make_shared<StructCache>();
   return node;
@@ -498,22 +509,9 @@ Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat
     node.optional = node.rule.optional;
     return node;
   }
-  node.kind = Node::Kind::kStruct;
-  node.cls = classes[py::str(m.struct_name)];
-  node.qual = Qualname(node.cls.ptr());
-  const std::string& qual = node.qual;
-  py::tuple kwnames(m.children.size());
-  for (size_t i = 0; i < m.children.size(); ++i) {
-    const MappingNode& child = m.children[i];
-    PyObject* raw = PyUnicode_FromString(child.name.c_str());
-    PyUnicode_InternInPlace(&raw);
-    node.field_names.push_back(py::reinterpret_steal<py::object>(raw));
-    kwnames[i] = node.field_names.back();
-    node.children.push_back(BuildReturn(child, flat, ParamPart(where) + ", field " + qual + "." + child.name,
-                                        classes));
-  }
-  node.kwnames = kwnames;
-  node.has_tensor_slots = HasTensorSlots(node);
+  FillStruct(node, m, classes, [&](const MappingNode& child, const std::string& child_where) {
+    return BuildReturn(child, flat, child_where, classes);
+  });
   return node;
 }
 
