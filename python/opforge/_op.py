@@ -617,14 +617,6 @@ def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Sig
     return Signature(params, ret_types, f"{name}({', '.join(texts)}) -> {ret_text}")
 
 
-def _show(ann) -> str:
-    if isinstance(ann, str):
-        return ann
-    if isinstance(ann, type):
-        return ann.__qualname__
-    return repr(ann).replace("typing.", "")
-
-
 def _return_spec(name: str, resolver: Resolver, ann) -> tuple[str, list]:
     where = "return value"
     ann = resolver.evaluate(ann, where)

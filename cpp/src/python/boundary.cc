@@ -458,7 +458,10 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
     const LeafInfo& info = lowered.leaves[index];
     const c10::Argument& arg = flat.arguments().at(index);
     node.rule = MakeRule(arg.real_type(), arg.N());
+    // A field of an Optional struct: the flat leaf takes None (for an absent
+    // struct), but a caller passing the struct must give the field.
     node.optional = node.rule.optional && !info.forced_optional;
+    node.rule.optional = node.optional;
     node.is_list = node.rule.kind == Kind::kList;
     if (!info.handle_type.empty() && handle_classes.contains(py::str(info.handle_type))) {
       node.kind = Node::Kind::kHandle;
@@ -573,10 +576,6 @@ PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, std::
   const Context ctx = context == nullptr ? Context::kArgument : Context::kDefault;
   switch (node.kind) {
     case Node::Kind::kLeaf: {
-      if (obj == Py_None && !node.optional && node.rule.optional) {
-        // A field of an Optional struct: the flat leaf takes None, the field does not.
-        return FailExpected(op_, node.where, ctx, node.rule.expected, false, obj);
-      }
       PyObject* out = ConvertLeaf(node.rule, obj);
       if (out == nullptr) return FailExpected(op_, node.where, ctx, node.rule.expected, node.optional, obj);
       if (node.tensor_slot >= 0 && tensors != nullptr) tensors[node.tensor_slot] = out;
@@ -947,7 +946,7 @@ void BumpVersion(PyObject* obj) {
 
 }  // namespace
 
-int FastPathMode(PyObject* const* tensors, size_t n, bool /*mutates*/, c10::DeviceType* device) {
+int FastPathMode(PyObject* const* tensors, size_t n, c10::DeviceType* device) {
   if (!g_enabled) return -1;
   const auto tls = c10::impl::tls_local_dispatch_key_set();
   if (tls.included_.remove(c10::DispatchKey::ADInplaceOrView) !=
@@ -1042,7 +1041,7 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
   } release{out, n, keep};
 
   c10::DeviceType device = c10::DeviceType::CPU;
-  int mode = FastPathMode(tensors, nslots, !b->mutated_slots().empty(), &device);
+  int mode = FastPathMode(tensors, nslots, &device);
   PyObject* kernel = nullptr;
   if (mode == 0) {
     kernel = (*op->kernels)[static_cast<size_t>(device)];
@@ -1219,8 +1218,8 @@ PyObject* OpFastCheck(PyObject* /*self*/, PyObject* tensors) {
     return nullptr;
   }
   c10::DeviceType device;
-  const int mode = FastPathMode(PySequence_Fast_ITEMS(tensors), static_cast<size_t>(PyTuple_GET_SIZE(tensors)),
-                                false, &device);
+  const int mode =
+      FastPathMode(PySequence_Fast_ITEMS(tensors), static_cast<size_t>(PyTuple_GET_SIZE(tensors)), &device);
   return PyLong_FromLong(mode);
 }
 

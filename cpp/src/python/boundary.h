@@ -159,7 +159,7 @@ class Boundary {
 
 // Whether the eager fast path may run for these tensor leaves:
 // -1 dispatcher path, 0 run the body, 1 a gradient is needed.
-int FastPathMode(PyObject* const* tensors, size_t n, bool mutates, c10::DeviceType* device);
+int FastPathMode(PyObject* const* tensors, size_t n, c10::DeviceType* device);
 
 void InitBoundary(pybind11::module_& m);
 
