@@ -54,6 +54,12 @@ class GradientCountError(RuntimeError, ValueError):
     ValueError, as MagiCompiler's decorator raises."""
 
 
+class GradientTypeError(RuntimeError, TypeError):
+    """A backward returned something other than a Tensor or None where a
+    tensor's gradient goes. A RuntimeError, as torch.autograd raises for
+    this, and a TypeError."""
+
+
 @dataclass
 class Param:
     name: str
@@ -715,8 +721,8 @@ def _make_flatten_grads(builder: Builder):
     top = [(p, p.node.leaf_index if p.node.is_leaf else None) for p in params]
 
     def not_a_tensor(grad, where):
-        return TypeError(f"{op}: backward returned a {type(grad).__name__} for {where}, which is not a Tensor "
-                         f"argument; return None there.")
+        return GradientTypeError(f"{op}: backward returned a {type(grad).__name__} for {where}, which is not a "
+                                 f"Tensor argument; return None there.")
 
     def assign(node, t, grad, out, where):
         if node.is_leaf:

@@ -10,6 +10,8 @@
 // returns another kind of object for them, or crashes).
 #include "boundary.h"
 
+#include "autograd.h"
+
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/record_function.h>
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -420,9 +422,23 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
                                                           : "return value " + std::to_string(i);
     returns_.push_back(BuildReturn(lowered.returns[i], flat_, where, classes));
   }
+  for (const auto& arg : flat_.arguments()) argument_rules_.push_back(MakeRule(arg.real_type(), arg.N()));
+  for (const auto& ret : flat_.returns()) return_rules_.push_back(MakeRule(ret.real_type(), std::nullopt));
 }
 
 Boundary::~Boundary() = default;
+
+PyObject* Boundary::PresentArgument(size_t index, const c10::IValue& value) const {
+  PyObject* out = Present(argument_rules_.at(index), value);
+  if (out == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, (op_ + ": a value out of range").c_str());
+  return out;
+}
+
+PyObject* Boundary::PresentReturn(size_t index, const c10::IValue& value) const {
+  PyObject* out = Present(return_rules_.at(index), value);
+  if (out == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, (op_ + ": a value out of range").c_str());
+  return out;
+}
 
 namespace {
 
@@ -455,6 +471,7 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
   node.where = where;
   if (m.kind == MappingNode::Kind::kLeaf) {
     const size_t index = static_cast<size_t>(m.leaf_index);
+    node.leaf_index = m.leaf_index;
     const LeafInfo& info = lowered.leaves[index];
     const c10::Argument& arg = flat.arguments().at(index);
     node.rule = MakeRule(arg.real_type(), arg.N());
@@ -508,6 +525,7 @@ Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat
   node.where = where;
   if (m.kind == MappingNode::Kind::kLeaf) {
     const c10::Argument& ret = flat.returns().at(static_cast<size_t>(m.leaf_index));
+    node.leaf_index = m.leaf_index;
     node.rule = MakeRule(ret.real_type(), std::nullopt);
     node.optional = node.rule.optional;
     return node;
@@ -820,13 +838,13 @@ py::tuple Boundary::ConvertCall(py::args args, py::kwargs kwargs) {
 
 py::list Boundary::FlatDefaults() {
   py::list out;
-  for (const auto& arg : flat_.arguments()) {
+  for (size_t i = 0; i < flat_.arguments().size(); ++i) {
+    const auto& arg = flat_.arguments()[i];
     if (!arg.default_value()) {
       out.append(py::none());
       continue;
     }
-    LeafRule rule = MakeRule(arg.real_type(), arg.N());
-    PyObject* value = Present(rule, *arg.default_value());
+    PyObject* value = Present(argument_rules_[i], *arg.default_value());
     if (value == nullptr) throw py::error_already_set();
     out.append(py::make_tuple(py::reinterpret_steal<py::object>(value)));
   }
@@ -982,9 +1000,10 @@ struct OpObject {
   PyObject* default_kernel;
   std::array<PyObject*, kNumDeviceTypes>* kernels;
   PyObject* dispatch;  // dispatch(*converted): the dispatcher path
-  PyObject* autograd;  // autograd(tensors, converted): the autograd bridge, or null
+  PyObject* autograd;  // the op's _C.AutogradBridge, or null
+  GradBridge* bridge;  // the bridge inside `autograd`
   PyObject* fallback;  // the class's Python __call__, for what the boundary cannot bind
-  bool has_backward;
+  bool has_backward;   // eager calls that need a gradient take the bridge
 };
 
 PyObject* CallFallback(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
@@ -1072,23 +1091,8 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
     Py_DECREF(result);
     return checked;
   }
-  if (mode == 1 && op->has_backward && op->autograd != nullptr) {
-    PyObject* tensor_tuple = PyTuple_New(static_cast<Py_ssize_t>(nslots));
-    if (tensor_tuple == nullptr) return nullptr;
-    for (size_t i = 0; i < nslots; ++i) {
-      PyTuple_SET_ITEM(tensor_tuple, static_cast<Py_ssize_t>(i), Py_NewRef(tensors[i] ? tensors[i] : Py_None));
-    }
-    PyObject* arg_tuple = PyTuple_New(static_cast<Py_ssize_t>(n));
-    if (arg_tuple == nullptr) {
-      Py_DECREF(tensor_tuple);
-      return nullptr;
-    }
-    for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(arg_tuple, static_cast<Py_ssize_t>(i), Py_NewRef(out[i]));
-    PyObject* call_args[] = {tensor_tuple, arg_tuple};
-    PyObject* result = PyObject_Vectorcall(op->autograd, call_args, 2, nullptr);
-    Py_DECREF(tensor_tuple);
-    Py_DECREF(arg_tuple);
-    return result;
+  if (mode == 1 && op->has_backward && op->bridge != nullptr && op->default_kernel != nullptr) {
+    return CallWithGrad(*op->bridge, op->default_kernel, out, tensors);
   }
   return PyObject_Vectorcall(op->dispatch, out, n, nullptr);
 }
@@ -1139,6 +1143,7 @@ int OpClear(PyObject* self) {
     for (PyObject*& k : *op->kernels) Py_CLEAR(k);
   }
   Py_CLEAR(op->dispatch);
+  op->bridge = nullptr;
   Py_CLEAR(op->autograd);
   Py_CLEAR(op->fallback);
   return 0;
@@ -1157,6 +1162,13 @@ c10::DeviceType ParseDeviceType(PyObject* name) {
   const char* text = PyUnicode_AsUTF8(name);
   if (text == nullptr) throw py::error_already_set();
   return c10::Device(text).type();
+}
+
+// The op's autograd bridge, or None.
+void SetBridge(OpObject* op, PyObject* bridge) {
+  GradBridge* b = AsGradBridge(bridge);
+  Py_XSETREF(op->autograd, b == nullptr ? nullptr : Py_NewRef(bridge));
+  op->bridge = b;
 }
 
 // _bind(boundary, default_kernel, kernels, dispatch, autograd, fallback, has_backward)
@@ -1180,7 +1192,7 @@ PyObject* OpBind(PyObject* self, PyObject* args) {
       Py_XSETREF((*op->kernels)[static_cast<size_t>(ParseDeviceType(key))], Py_NewRef(value));
     }
     Py_XSETREF(op->dispatch, Py_NewRef(dispatch));
-    Py_XSETREF(op->autograd, autograd == Py_None ? nullptr : Py_NewRef(autograd));
+    SetBridge(op, autograd);
     Py_XSETREF(op->fallback, Py_NewRef(fallback));
     op->has_backward = has_backward != 0;
   } catch (const std::exception& e) {
@@ -1212,6 +1224,16 @@ PyObject* OpSetBackward(PyObject* self, PyObject* arg) {
   Py_RETURN_NONE;
 }
 
+PyObject* OpSetAutograd(PyObject* self, PyObject* bridge) {
+  try {
+    SetBridge(reinterpret_cast<OpObject*>(self), bridge);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_TypeError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
 PyObject* OpFastCheck(PyObject* /*self*/, PyObject* tensors) {
   if (!PyTuple_Check(tensors)) {
     PyErr_SetString(PyExc_TypeError, "_fast_check takes a tuple of tensor leaves");
@@ -1226,8 +1248,10 @@ PyObject* OpFastCheck(PyObject* /*self*/, PyObject* tensors) {
 PyMethodDef kOpMethods[] = {
     {"_bind", OpBind, METH_VARARGS,
      "_bind(boundary, default_kernel, kernels, dispatch, autograd, fallback, has_backward)"},
+    {"_set_has_backward", OpSetBackward, METH_O, "Whether eager calls that need a gradient take the bridge."},
     {"_set_kernel", OpSetKernel, METH_VARARGS, "_set_kernel(device_type or None, kernel)"},
-    {"_set_has_backward", OpSetBackward, METH_O, "Whether gradients go through the autograd bridge."},
+    {"_set_autograd", OpSetAutograd, METH_O,
+     "_set_autograd(bridge or None): the op's _C.AutogradBridge."},
     {"_fast_check", OpFastCheck, METH_O,
      "_fast_check(tensors) -> -1 (dispatcher path), 0 (run the body), 1 (a gradient is needed)."},
     {nullptr, nullptr, 0, nullptr}};

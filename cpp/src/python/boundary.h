@@ -76,6 +76,7 @@ struct Node {
   bool is_list = false;  // kEnum/kLiteral: a list of them
   LeafRule rule;         // kLeaf; the raw value's rule for kEnum/kLiteral
   int tensor_slot = -1;  // kLeaf holding tensors: its index among the tensor leaves
+  int leaf_index = -1;   // every kind but kStruct: the flat argument (or return) it is
   std::string where;     // "parameter 'cfg', field Cfg.scale"
   pybind11::object cls;       // kStruct/kEnum/kHandle
   pybind11::object by_value;  // kEnum: raw value -> member
@@ -124,6 +125,17 @@ class Boundary {
   // Positions (among the tensor leaves) of mutated tensors.
   const std::vector<int>& mutated_slots() const { return mutated_slots_; }
 
+  // The parameters and returns as trees over the flat leaves, and the flat schema.
+  const std::vector<Node>& params() const { return params_; }
+  const std::vector<Node>& returns() const { return returns_; }
+  const c10::FunctionSchema& flat() const { return flat_; }
+
+  // A flat argument (or return) value from the dispatcher, as torch hands it
+  // to a Python kernel (dtype codes as torch.dtype, ...). A new reference, or
+  // null with a Python error set.
+  PyObject* PresentArgument(size_t index, const c10::IValue& value) const;
+  PyObject* PresentReturn(size_t index, const c10::IValue& value) const;
+
   // Python-facing helpers.
   pybind11::tuple ConvertCall(pybind11::args args, pybind11::kwargs kwargs);
   pybind11::tuple TensorLeaves(pybind11::tuple converted);
@@ -155,6 +167,8 @@ class Boundary {
   pybind11::object handle_check_;
   bool duck_structs_ = false;
   c10::FunctionSchema flat_;
+  std::vector<LeafRule> argument_rules_;  // per flat argument
+  std::vector<LeafRule> return_rules_;    // per flat return
 };
 
 // Whether the eager fast path may run for these tensor leaves:

@@ -25,6 +25,7 @@ namespace py = pybind11;
 namespace opforge {
 
 void InitBoundary(py::module_& m);
+void InitAutograd(py::module_& m);
 
 namespace {
 
@@ -401,6 +402,7 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("qualname"), py::arg("message"),
         "Installs the Autograd kernel of an op without backward; it stays while the result lives.");
+  InitAutograd(m);
 
   // Python objects in the shared handle table: the payload is a PyObject
   // (a weakref, or the object itself when pinned), typed "py:<name>".
