@@ -163,7 +163,7 @@ _CHUNKS = {
 
 
 class OpCode:
-    """The generated functions of one op. `call` and `make_kernel` exist from
+    """The generated functions of one op. `call` and `dispatch` exist from
     the start; the other attributes are generated on first use."""
 
     def __init__(self, builder: "Builder"):
@@ -176,7 +176,6 @@ class OpCode:
             self._function("rebuild_output")  # `dispatch` uses it
         self.dispatch = self._function("dispatch")
         self.call = self._function("call")
-        self.make_kernel = self._function("make_kernel")
 
     def _function(self, chunk: str) -> Callable:
         name = _CHUNKS[chunk]
@@ -199,9 +198,9 @@ class OpCode:
         return fn
 
     def __getattr__(self, name: str):
-        # make_fake_kernel, flatten_call, flat_full, rebuild_inputs,
-        # flatten_output, rebuild_output, body_positional: generated on first
-        # use, then plain attributes.
+        # make_kernel, make_fake_kernel, flatten_call, flat_full,
+        # rebuild_inputs, flatten_output, rebuild_output, body_positional:
+        # generated on first use, then plain attributes.
         if name in _CHUNKS:
             fn = self._function(name)
         elif name == "flatten_grads":

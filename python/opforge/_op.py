@@ -7,8 +7,9 @@
     attn(q, AttnCfg(0.5, True))           # original signature
     torch.ops.mylib.attn(q, 0.5, True)    # flat leaves
 
-Registration goes through `Library.define` + `impl`, one registration per
-dispatch key, and is atomic: an error leaves nothing behind.
+Registration goes through `Library.define`, then one C++ kernel per dispatch
+key (`_C.register_kernel`, `_C.AutogradBridge`), and is atomic: an error
+leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -185,6 +186,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
                                                        device_types, tags)
     regs = Registrations()
     lib = None
+    opdef = None
     symm_mem_declared = False
     try:
         extra_triton_kernels, mutates_args = tuple(extra_triton_kernels), tuple(mutates_args)
@@ -216,10 +218,12 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
         if backward is not None:
             _install_autograd(opdef, backward, setup_context)
         else:
-            opdef._registrations.append(_C.register_no_backward_kernel(name, _no_backward_message(name, fn)))
+            opdef._registrations["Autograd"] = _C.register_no_backward_kernel(name, _no_backward_message(name, fn))
         _REGISTERED[name] = opdef
         return opdef
     except BaseException:
+        if opdef is not None:
+            opdef._registrations.clear()
         if symm_mem_declared:
             from . import symm_mem
 
@@ -367,7 +371,7 @@ def _new_opdef(name, fn, sig: Signature, model: OpModel, boundary, overload, sta
     opdef._state = state
     opdef._code = code
     opdef._lib = lib
-    opdef._registrations = []
+    opdef._registrations = {}  # dispatch key -> the registration that keeps its kernel
     opdef._has_autograd = False
     opdef._device_kernels = devices is not None
     opdef.__wrapped__ = fn
@@ -381,14 +385,23 @@ def _new_opdef(name, fn, sig: Signature, model: OpModel, boundary, overload, sta
 def _register_kernels(opdef: OpDef, body: Callable, devices: list[str] | None) -> None:
     """The dispatcher's kernels and the C entry's: one body for every device,
     or one per listed device type."""
-    ns, opname = opdef.name.split("::")
     if devices is None:
-        opdef._lib.impl(opname, opdef._code.make_kernel(body), "CompositeExplicitAutograd")
+        _set_dispatcher_kernel(opdef, "CompositeExplicitAutograd", body)
     else:
         for d in devices:
-            opdef._lib.impl(opname, opdef._code.make_kernel(body), _dispatch_key(opdef.name, d))
+            _set_dispatcher_kernel(opdef, _dispatch_key(opdef.name, d), body)
     opdef._bind(opdef.boundary, body if devices is None else None, {d: body for d in devices or ()},
                 opdef._code.dispatch, None, type(opdef).__call__, False)
+
+
+def _set_dispatcher_kernel(opdef: OpDef, key: str, fn: Callable) -> None:
+    """The op's C++ kernel for `key` calls `fn` (the original signature);
+    registered once per key, then only `fn` changes."""
+    kernel = opdef._registrations.get(key)
+    if kernel is None:
+        opdef._registrations[key] = _C.register_kernel(opdef.boundary, fn, key)
+    else:
+        kernel.set_fn(fn)
 
 
 _TRITON: list = []  # [the opforge.triton module, or None when unavailable]
@@ -656,9 +669,8 @@ def _no_backward_message(name: str, fn: Callable) -> str:
 
 
 def _install_kernels(opdef: OpDef, devices: list[str], fn: Callable) -> None:
-    ns, opname = opdef.name.split("::")
     for d in devices:
-        opdef._lib.impl(opname, opdef._code.make_kernel(fn), _dispatch_key(opdef.name, d))
+        _set_dispatcher_kernel(opdef, _dispatch_key(opdef.name, d), fn)
         opdef._set_kernel(d, fn)
     # The direct autograd path only knows the default body.
     opdef._device_kernels = True
@@ -696,9 +708,9 @@ def _install_autograd(opdef: OpDef, backward: Callable, setup_context: Callable 
     state.setup_context = setup_context
     if opdef._has_autograd:
         return
-    opdef._registrations.clear()
+    opdef._registrations.pop("Autograd", None)  # the no-backward kernel, before the bridge takes its key
     bridge = _C.AutogradBridge(opdef)
-    opdef._registrations.append(bridge.register())
+    opdef._registrations["Autograd"] = bridge.register()
     opdef._has_autograd = True
     opdef._set_autograd(bridge)
     # The direct path runs the default body and bumps no versions.

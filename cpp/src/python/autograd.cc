@@ -155,6 +155,7 @@ class GradBridge : public std::enable_shared_from_this<GradBridge> {
   const std::vector<int>& param_slots() const { return param_slots_; }
   const std::vector<ReturnKind>& returns() const { return returns_; }
   bool leaf_returns() const { return leaf_returns_; }
+  bool mutates() const { return !boundary_->mutated_slots().empty(); }
   size_t num_params() const { return param_kinds_.size(); }
   size_t num_original_returns() const { return boundary_->returns().size(); }
 
@@ -799,7 +800,7 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
       at::AutoFwGradMode no_fw_grad(false);
       PyObject* result;
       {
-        at::AutoDispatchBelowAutograd below;
+        BelowAutograd below(bridge.mutates());
         result = PyObject_Vectorcall(kernel, args, boundary.num_positional(), boundary.body_kwnames());
       }
       if (result == nullptr) return nullptr;
@@ -934,8 +935,7 @@ class AutogradKernel : public c10::OperatorKernel {
       }
     }
     if (!needs_grad) {
-      at::AutoDispatchBelowAutograd below;
-      op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+      RedispatchBelowAutograd(op, ks, stack, b.mutates());
       return;
     }
     Record(op, ks, stack, base);
@@ -962,8 +962,7 @@ class AutogradKernel : public c10::OperatorKernel {
     {
       torch::autograd::AutoGradMode no_grad(false);
       at::AutoFwGradMode no_fw_grad(false);
-      at::AutoDispatchBelowAutograd below;
-      op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+      RedispatchBelowAutograd(op, ks, stack, b.mutates());
     }
     const size_t nrets = b.returns().size();
     const size_t out_base = stack->size() - nrets;

@@ -511,6 +511,7 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
     return node;
   }
   node.optional = m.optional;
+  node.presence_index = m.presence_index;
   FillStruct(node, m, classes, [&](const MappingNode& child, const std::string& child_where) {
     return BuildParam(child, lowered, flat, child_where, classes, enum_values, handle_classes, false);
   });
@@ -1083,7 +1084,7 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
     PyObject* result;
     {
       // What the dispatcher's autograd step does before calling the kernel.
-      at::AutoDispatchBelowAutograd guard;
+      BelowAutograd guard(!b->mutated_slots().empty());
       result = PyObject_Vectorcall(kernel, out, b->num_positional(), b->body_kwnames());
     }
     if (result == nullptr) return nullptr;

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "opforge/autograd.h"
 #include "opforge/spec.h"
 
 namespace opforge {
@@ -77,6 +78,7 @@ struct Node {
   LeafRule rule;         // kLeaf; the raw value's rule for kEnum/kLiteral
   int tensor_slot = -1;  // kLeaf holding tensors: its index among the tensor leaves
   int leaf_index = -1;   // every kind but kStruct: the flat argument (or return) it is
+  int presence_index = -1;  // an optional kStruct parameter: its presence leaf
   std::string where;     // "parameter 'cfg', field Cfg.scale"
   pybind11::object cls;       // kStruct/kEnum/kHandle
   pybind11::object by_value;  // kEnum: raw value -> member
@@ -176,5 +178,9 @@ class Boundary {
 int FastPathMode(PyObject* const* tensors, size_t n, c10::DeviceType* device);
 
 void InitBoundary(pybind11::module_& m);
+
+// _C.register_kernel(boundary, fn, dispatch_key): the op's kernel for the
+// dispatcher (kernel.cc).
+void InitKernels(pybind11::module_& m);
 
 }  // namespace opforge

@@ -26,6 +26,7 @@ namespace opforge {
 
 void InitBoundary(py::module_& m);
 void InitAutograd(py::module_& m);
+void InitKernels(py::module_& m);
 
 namespace {
 
@@ -403,6 +404,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("qualname"), py::arg("message"),
         "Installs the Autograd kernel of an op without backward; it stays while the result lives.");
   InitAutograd(m);
+  InitKernels(m);
 
   // Python objects in the shared handle table: the payload is a PyObject
   // (a weakref, or the object itself when pinned), typed "py:<name>".

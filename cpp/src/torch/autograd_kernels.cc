@@ -8,8 +8,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/library.h>
 
-#include <mutex>
-#include <unordered_map>
+#include <string>
 
 #include "opforge/autograd.h"
 
@@ -30,17 +29,8 @@ NodePtr MakeNode(Args&&... args) {
   }
 }
 
-// Messages by op name; the boxed kernel looks its own up.
-std::mutex& MessagesMutex() {
-  static std::mutex mu;
-  return mu;
-}
-std::unordered_map<std::string, std::string>& Messages() {
-  static auto* messages = new std::unordered_map<std::string, std::string>();
-  return *messages;
-}
-
-void ForEachTensor(const c10::IValue& v, const std::function<void(const at::Tensor&)>& f) {
+template <class F>
+void ForEachTensor(const c10::IValue& v, F&& f) {
   if (v.isTensor()) {
     f(v.toTensor());
   } else if (v.isTensorList()) {
@@ -52,78 +42,77 @@ void ForEachTensor(const c10::IValue& v, const std::function<void(const at::Tens
   }
 }
 
-void NoBackwardKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
-                      torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  const size_t num_args = schema.arguments().size();
-  const bool grad_mode = c10::GradMode::is_enabled();
-  bool needs_grad = false;
-  std::vector<Variable> inputs;
-  if (grad_mode) {
-    for (size_t i = stack->size() - num_args; i < stack->size(); ++i) {
+// The Autograd kernel of one op without backward.
+class NoBackwardKernel : public c10::OperatorKernel {
+ public:
+  NoBackwardKernel(std::string message, bool mutates) : message_(std::move(message)), mutates_(mutates) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    const size_t num_args = op.schema().arguments().size();
+    // Most calls need no gradient: ask before collecting anything.
+    bool needs_grad = false;
+    if (c10::GradMode::is_enabled()) {
+      for (size_t i = stack->size() - num_args; i < stack->size() && !needs_grad; ++i) {
+        ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
+          if (t.defined() && t.requires_grad()) needs_grad = true;
+        });
+      }
+    }
+    std::vector<Variable> inputs;
+    if (needs_grad) {
+      for (size_t i = stack->size() - num_args; i < stack->size(); ++i) {
+        ForEachTensor((*stack)[i], [&](const at::Tensor& t) { inputs.push_back(t); });
+      }
+    }
+    RedispatchBelowAutograd(op, ks, stack, mutates_);
+    if (!needs_grad) return;
+    NodePtr node = MakeNode<torch::autograd::Error>(message_, torch::autograd::collect_next_edges(inputs));
+    const size_t num_returns = op.schema().returns().size();
+    for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
       ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
-        if (t.defined() && t.requires_grad()) needs_grad = true;
-        inputs.push_back(t);
+        if (!t.defined() || !torch::autograd::isDifferentiableType(t.scalar_type())) return;
+        // Outputs that are inputs (in-place results) keep their own history.
+        for (const auto& in : inputs) {
+          if (in.defined() && in.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
+        }
+        torch::autograd::set_history(const_cast<at::Tensor&>(t), node);
       });
     }
   }
-  {
-    at::AutoDispatchBelowAutograd guard;
-    op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
-  }
-  if (!needs_grad) return;
-  std::string message;
-  {
-    std::lock_guard<std::mutex> lock(MessagesMutex());
-    message = Messages()[schema.name()];
-  }
-  NodePtr node =
-      MakeNode<torch::autograd::Error>(message, torch::autograd::collect_next_edges(inputs));
-  const size_t num_returns = schema.returns().size();
-  for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
-    ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
-      if (!t.defined() || !torch::autograd::isDifferentiableType(t.scalar_type())) return;
-      // Outputs that are inputs (in-place results) keep their own history.
-      for (const auto& in : inputs) {
-        if (in.defined() && in.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
-      }
-      torch::autograd::set_history(const_cast<at::Tensor&>(t), node);
-    });
-  }
-}
+
+ private:
+  std::string message_;
+  bool mutates_;
+};
 
 class LibraryRegistration : public KernelRegistration {
  public:
-  LibraryRegistration(std::string qualname, std::unique_ptr<torch::Library> lib)
-      : qualname_(std::move(qualname)), lib_(std::move(lib)) {}
-  ~LibraryRegistration() override {
-    lib_.reset();
-    std::lock_guard<std::mutex> lock(MessagesMutex());
-    Messages().erase(qualname_);
-  }
+  explicit LibraryRegistration(std::unique_ptr<torch::Library> lib) : lib_(std::move(lib)) {}
 
  private:
-  std::string qualname_;
   std::unique_ptr<torch::Library> lib_;
 };
 
 }  // namespace
+
+void RedispatchBelowAutograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
+                             bool mutates) {
+  BelowAutograd guard(mutates);
+  op.redispatchBoxed(ks & (mutates ? c10::after_autograd_keyset : c10::after_ADInplaceOrView_keyset), stack);
+}
 
 std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname,
                                                              const std::string& message) {
   const size_t sep = qualname.find("::");
   const std::string ns = qualname.substr(0, sep);
   const std::string name = qualname.substr(sep + 2);
-  {
-    std::lock_guard<std::mutex> lock(MessagesMutex());
-    Messages()[qualname] = message;
-  }
+  const bool mutates = c10::Dispatcher::singleton().findSchemaOrThrow(qualname.c_str(), "").schema().is_mutable();
   auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt,
                                               __FILE__, __LINE__);
-  lib->impl(name.c_str(),
-            torch::dispatch(c10::DispatchKey::Autograd,
-                            torch::CppFunction::makeFromBoxedFunction<&NoBackwardKernel>()));
-  return std::make_unique<LibraryRegistration>(qualname, std::move(lib));
+  lib->impl(name.c_str(), torch::dispatch(c10::DispatchKey::Autograd,
+                                          torch::CppFunction::makeFromBoxedFunctor(
+                                              std::make_unique<NoBackwardKernel>(message, mutates))));
+  return std::make_unique<LibraryRegistration>(std::move(lib));
 }
 
 }  // namespace opforge
