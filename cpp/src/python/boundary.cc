@@ -33,6 +33,7 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <cstring>
+#include <functional>
 
 namespace py = pybind11;
 
@@ -422,7 +423,20 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
                                                           : "return value " + std::to_string(i);
     returns_.push_back(BuildReturn(lowered.returns[i], flat_, where, classes));
   }
-  for (const auto& arg : flat_.arguments()) argument_rules_.push_back(MakeRule(arg.real_type(), arg.N()));
+  std::vector<std::string> flat_kw;
+  for (const auto& arg : flat_.arguments()) {
+    argument_rules_.push_back(MakeRule(arg.real_type(), arg.N()));
+    if (arg.kwarg_only()) {
+      flat_kw.push_back(arg.name());
+    } else {
+      ++num_flat_positional_;
+    }
+  }
+  if (!flat_kw.empty()) {
+    py::tuple t(flat_kw.size());
+    for (size_t i = 0; i < flat_kw.size(); ++i) t[i] = py::str(flat_kw[i]);
+    flat_kwnames_ = t;
+  }
   for (const auto& ret : flat_.returns()) return_rules_.push_back(MakeRule(ret.real_type(), std::nullopt));
 }
 
@@ -810,6 +824,119 @@ PyObject* Boundary::CheckReturn(PyObject* value) {
   return out;
 }
 
+// --- the dispatcher path -----------------------------------------------------
+
+bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, std::vector<PyObject*>& owned) {
+  auto keep = [&](PyObject* obj) {
+    if (obj != nullptr) owned.push_back(obj);
+    return obj;
+  };
+  switch (node.kind) {
+    case Node::Kind::kLeaf:
+    case Node::Kind::kLiteral:
+      leaves[node.leaf_index] = value;
+      return true;
+    case Node::Kind::kEnum: {
+      // The boundary made every value a member; the leaf is its raw value.
+      static PyObject* const kValue = PyUnicode_InternFromString("value");
+      if (value == Py_None) {
+        leaves[node.leaf_index] = value;
+        return true;
+      }
+      if (!node.is_list) return (leaves[node.leaf_index] = keep(PyObject_GetAttr(value, kValue))) != nullptr;
+      const Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+      PyObject* list = keep(PyList_New(n));
+      if (list == nullptr) return false;
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* raw = PyObject_GetAttr(PySequence_Fast_ITEMS(value)[i], kValue);
+        if (raw == nullptr) return false;
+        PyList_SET_ITEM(list, i, raw);
+      }
+      leaves[node.leaf_index] = list;
+      return true;
+    }
+    case Node::Kind::kHandle: {
+      if (value == Py_None) {
+        leaves[node.leaf_index] = value;
+        return true;
+      }
+      if (!handle_for_) handle_for_ = py::module_::import("opforge.handles").attr("handle_for");
+      py::str at(op_ + ": " + node.where);
+      PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
+      return (leaves[node.leaf_index] = keep(PyObject_Vectorcall(handle_for_.ptr(), call_args, 3, nullptr))) !=
+             nullptr;
+    }
+    case Node::Kind::kStruct: {
+      if (value == Py_None) {
+        // An absent optional struct: its presence leaves False, every other leaf None.
+        std::function<void(const Node&)> absent = [&](const Node& n) {
+          if (n.kind != Node::Kind::kStruct) {
+            leaves[n.leaf_index] = Py_None;
+            return;
+          }
+          if (n.optional) leaves[n.presence_index] = Py_False;
+          for (const Node& child : n.children) absent(child);
+        };
+        absent(node);
+        return true;
+      }
+      if (node.optional) leaves[node.presence_index] = Py_True;
+      for (size_t i = 0; i < node.children.size(); ++i) {
+        PyObject* field = keep(PyObject_GetAttr(value, node.field_names[i].ptr()));
+        if (field == nullptr || !FlattenArgument(node.children[i], field, leaves, owned)) return false;
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
+PyObject* Boundary::RebuildReturn(const Node& node, PyObject* const* flat) {
+  if (node.kind != Node::Kind::kStruct) return Py_NewRef(flat[node.leaf_index]);
+  Refs fields;
+  for (const Node& child : node.children) {
+    PyObject* value = RebuildReturn(child, flat);
+    if (value == nullptr) return nullptr;
+    fields.items.push_back(value);
+  }
+  return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
+}
+
+PyObject* Boundary::Dispatch(PyObject* overload, PyObject* const* converted) {
+  const size_t n = flat_.arguments().size();
+  c10::SmallVector<PyObject*, 16> leaves(n, nullptr);
+  std::vector<PyObject*> owned;
+  struct Release {
+    std::vector<PyObject*>& items;
+    ~Release() {
+      for (PyObject* p : items) Py_DECREF(p);
+    }
+  } release{owned};
+  for (size_t p = 0; p < params_.size(); ++p) {
+    if (!FlattenArgument(params_[p], converted[p], leaves.data(), owned)) return nullptr;
+  }
+  PyObject* out = PyObject_Vectorcall(overload, leaves.data(), num_flat_positional_, flat_kwnames_.ptr());
+  if (out == nullptr) return nullptr;
+  bool leaf_returns = true;
+  for (const Node& r : returns_) leaf_returns = leaf_returns && r.kind != Node::Kind::kStruct;
+  if (leaf_returns) return out;
+  owned.push_back(out);
+  const size_t nflat = flat_.returns().size();
+  PyObject* const* flat = nflat == 1 ? &out : PySequence_Fast_ITEMS(out);
+  if (returns_.size() == 1) return RebuildReturn(returns_[0], flat);
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(returns_.size()));
+  if (tuple == nullptr) return nullptr;
+  for (size_t r = 0; r < returns_.size(); ++r) {
+    PyObject* value = RebuildReturn(returns_[r], flat);
+    if (value == nullptr) {
+      Py_DECREF(tuple);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(r), value);
+  }
+  return tuple;
+}
+
 // --- Python-facing helpers ---------------------------------------------------
 
 py::tuple Boundary::ConvertCall(py::args args, py::kwargs kwargs) {
@@ -1000,7 +1127,8 @@ struct OpObject {
   Boundary* boundary;
   PyObject* default_kernel;
   std::array<PyObject*, kNumDeviceTypes>* kernels;
-  PyObject* dispatch;  // dispatch(*converted): the dispatcher path
+  PyObject* dispatch;  // dispatch(*converted): the dispatcher path, or null: the boundary flattens
+  PyObject* overload;  // the op's OpOverload, when dispatch is null
   PyObject* autograd;  // the op's _C.AutogradBridge, or null
   GradBridge* bridge;  // the bridge inside `autograd`
   PyObject* fallback;  // the class's Python __call__, for what the boundary cannot bind
@@ -1095,7 +1223,8 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
   if (mode == 1 && op->has_backward && op->bridge != nullptr && op->default_kernel != nullptr) {
     return CallWithGrad(*op->bridge, op->default_kernel, out, tensors);
   }
-  return PyObject_Vectorcall(op->dispatch, out, n, nullptr);
+  if (op->dispatch != nullptr) return PyObject_Vectorcall(op->dispatch, out, n, nullptr);
+  return b->Dispatch(op->overload, out);
 }
 
 PyObject* OpCall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -1130,6 +1259,7 @@ int OpTraverse(PyObject* self, visitproc visit, void* arg) {
     for (PyObject* k : *op->kernels) Py_VISIT(k);
   }
   Py_VISIT(op->dispatch);
+  Py_VISIT(op->overload);
   Py_VISIT(op->autograd);
   Py_VISIT(op->fallback);
   return 0;
@@ -1144,6 +1274,7 @@ int OpClear(PyObject* self) {
     for (PyObject*& k : *op->kernels) Py_CLEAR(k);
   }
   Py_CLEAR(op->dispatch);
+  Py_CLEAR(op->overload);
   op->bridge = nullptr;
   Py_CLEAR(op->autograd);
   Py_CLEAR(op->fallback);
@@ -1172,7 +1303,8 @@ void SetBridge(OpObject* op, PyObject* bridge) {
   op->bridge = b;
 }
 
-// _bind(boundary, default_kernel, kernels, dispatch, autograd, fallback, has_backward)
+// _bind(boundary, default_kernel, kernels, dispatch, autograd, fallback, has_backward);
+// dispatch None: the boundary flattens the call for self.overload.
 PyObject* OpBind(PyObject* self, PyObject* args) {
   auto* op = reinterpret_cast<OpObject*>(self);
   PyObject *boundary, *default_kernel, *kernels, *dispatch, *autograd, *fallback;
@@ -1192,7 +1324,14 @@ PyObject* OpBind(PyObject* self, PyObject* args) {
     while (PyDict_Next(kernels, &pos, &key, &value)) {
       Py_XSETREF((*op->kernels)[static_cast<size_t>(ParseDeviceType(key))], Py_NewRef(value));
     }
-    Py_XSETREF(op->dispatch, Py_NewRef(dispatch));
+    if (dispatch == Py_None) {
+      PyObject* overload = PyObject_GetAttrString(self, "overload");
+      if (overload == nullptr) return nullptr;
+      Py_XSETREF(op->overload, overload);
+      Py_CLEAR(op->dispatch);
+    } else {
+      Py_XSETREF(op->dispatch, Py_NewRef(dispatch));
+    }
     SetBridge(op, autograd);
     Py_XSETREF(op->fallback, Py_NewRef(fallback));
     op->has_backward = has_backward != 0;

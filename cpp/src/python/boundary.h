@@ -132,6 +132,13 @@ class Boundary {
   const std::vector<Node>& returns() const { return returns_; }
   const c10::FunctionSchema& flat() const { return flat_; }
 
+  // The dispatcher path of an eager call: the converted arguments flattened
+  // into leaves, `overload` called with them, its output rebuilt in the
+  // original form. A new reference, or null with a Python error set.
+  //
+  //   Dispatch(ns.attn.default, [q, AttnCfg(0.5, True)])  # ns.attn.default(q, 0.5, True)
+  PyObject* Dispatch(PyObject* overload, PyObject* const* converted);
+
   // A flat argument (or return) value from the dispatcher, as torch hands it
   // to a Python kernel (dtype codes as torch.dtype, ...). A new reference, or
   // null with a Python error set.
@@ -150,6 +157,8 @@ class Boundary {
   PyObject* ConvertStruct(Node& node, PyObject* obj, PyObject** tensors,
                           std::vector<PyObject*>& keep, const char* context);
   PyObject* ConvertReturnNode(Node& node, PyObject* obj);
+  bool FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, std::vector<PyObject*>& owned);
+  PyObject* RebuildReturn(const Node& node, PyObject* const* flat);
   Node BuildParam(const MappingNode& m, const LoweredOp& lowered, const c10::FunctionSchema& flat,
                   const std::string& where, pybind11::dict classes, pybind11::dict enum_values,
                   pybind11::dict handle_classes, bool top);
@@ -167,6 +176,9 @@ class Boundary {
   std::vector<int> mutated_slots_;
   pybind11::object body_kwnames_;
   pybind11::object handle_check_;
+  pybind11::object handle_for_;  // opforge.handles.handle_for, loaded when a handle is first flattened
+  pybind11::object flat_kwnames_;  // the keyword-only flat arguments' names, or null
+  size_t num_flat_positional_ = 0;
   bool duck_structs_ = false;
   c10::FunctionSchema flat_;
   std::vector<LeafRule> argument_rules_;  // per flat argument
