@@ -39,16 +39,16 @@ struct Owned {
 // Leaf values as a cache key compares them: the same kind and value, a
 // float by its bits (so 0.0 and -0.0 differ). False for kinds no key holds.
 bool SameLeaf(const c10::IValue& a, const c10::IValue& b) {
-  if (a.tagKind() != b.tagKind()) return false;
   if (a.isDouble()) {
+    if (!b.isDouble()) return false;
     const double x = a.toDouble(), y = b.toDouble();
     return std::memcmp(&x, &y, sizeof(double)) == 0;
   }
-  if (a.isInt()) return a.toInt() == b.toInt();
-  if (a.isBool()) return a.toBool() == b.toBool();
-  if (a.isNone()) return true;
-  if (a.isString()) return a.toStringRef() == b.toStringRef();
-  if (a.isDevice()) return a.toDevice() == b.toDevice();
+  if (a.isInt()) return b.isInt() && a.toInt() == b.toInt();
+  if (a.isBool()) return b.isBool() && a.toBool() == b.toBool();
+  if (a.isNone()) return b.isNone();
+  if (a.isString()) return b.isString() && a.toStringRef() == b.toStringRef();
+  if (a.isDevice()) return b.isDevice() && a.toDevice() == b.toDevice();
   return false;
 }
 
