@@ -449,6 +449,19 @@ def test_a_compiled_call_traces_forward_and_backward_once(ns, backend):
     assert torch.allclose(grads[0], grads[2]) and torch.allclose(grads[1], grads[2])
 
 
+def test_compiled_autograd_is_a_clear_error_naming_the_op(ns):
+    op, _ = cube(ns, "cube_ca")
+    op.register_fake(lambda x: torch.empty_like(x))
+    x = leaf(3)
+    y = op(x * 2).sum()
+    from torch._dynamo import compiled_autograd
+
+    with compiled_autograd._enable(torch.compile(backend="eager")):
+        error = raised(lambda: y.backward())
+    assert isinstance(error, NotImplementedError)
+    assert f"{ns}::cube_ca: compiled autograd does not run opforge's autograd node" in str(error)
+
+
 # --- outputs -------------------------------------------------------------------------
 
 

@@ -289,6 +289,12 @@ class OpNode : public torch::autograd::Node {
 
   variable_list apply(variable_list&& grads) override;
   std::string name() const override { return bridge_->node_name(); }
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs&) const override {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, bridge_->op(),
+                                ": compiled autograd does not run opforge's autograd node (a backward written in "
+                                "Python). torch.compile the forward instead, where AOTAutograd compiles the "
+                                "backward, or run this backward outside compiled autograd.");
+  }
   void release_variables() override {
     saved_.clear();
     has_freed_buffers_ = true;
