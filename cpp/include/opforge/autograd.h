@@ -21,4 +21,9 @@ class KernelRegistration {
 std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname,
                                                              const std::string& message);
 
+// Drops the no-backward kernel the torch layer gave an op of a C++ library,
+// so that a backward registered from Python can take its place. False when
+// the op had none.
+bool DropNoBackwardKernel(const std::string& qualname);
+
 }  // namespace opforge

@@ -113,6 +113,11 @@ class Grad {
  public:
   static constexpr size_t kLeaves = detail::StructNode<S>::kCount;
 
+  Grad() = default;
+  // No gradient for any field: `return {gx, opforge::NoGrad{}}` for a struct
+  // parameter, config structs without tensors included.
+  Grad(NoGrad) {}  // NOLINT
+
   Grad& set(at::Tensor S::*field, at::Tensor grad) {
     leaves_[Offset(field, "set")].one = std::move(grad);
     return *this;
@@ -155,7 +160,7 @@ class Grad {
   static size_t Offset(M S::*field, const char* method) {
     size_t found = kLeaves;
     FindField(field, found, std::make_index_sequence<detail::StructNode<S>::kFields>{});
-    if (found == kLeaves) detail::ThrowUnknownField(detail::StructNode<S>::Name(), method);
+    if (found == kLeaves) detail::ThrowUnknownField(detail::StructName<S>(), method);
     return found;
   }
   template <class M, size_t... J>
@@ -164,7 +169,7 @@ class Grad {
     (
         [&] {
           if constexpr (std::is_same_v<detail::FieldType<S, J>, M>) {
-            if (std::get<J>(fields).member == field) found = detail::FieldOffset<S, J>();
+            if (std::get<J>(fields).member == field) found = detail::StructNode<S>::template kOffset<J>;
           }
         }(),
         ...);
@@ -334,17 +339,6 @@ int64_t CollectInputs(const F& v, std::vector<at::Tensor>& inputs) {
   }
 }
 
-// Offset of parameter K's first flat leaf.
-template <size_t K, class... Args>
-constexpr size_t ParamOffset() {
-  if constexpr (K == 0) {
-    return 0;
-  } else {
-    using Prev = std::decay_t<std::tuple_element_t<K - 1, std::tuple<Args...>>>;
-    return ParamOffset<K - 1, Args...>() + Node<Prev>::kCount;
-  }
-}
-
 // Outputs: an op with a backward returns Tensor, a tuple of Tensors,
 // Tensor[] or a struct whose fields are all Tensors.
 template <class R, class = void>
@@ -409,7 +403,7 @@ constexpr bool AllTensorFields(std::index_sequence<J...>) {
 // A struct return: its Tensor fields; backward gets the gradients as an S.
 template <class S>
 struct Outputs<S, std::enable_if_t<kIsStruct<S>>> {
-  static constexpr size_t kFields = StructNode<S>::kFields;
+  static constexpr size_t kFields = kNumFields<S>;
   static constexpr bool kSupported = AllTensorFields<S>(std::make_index_sequence<kFields>{});
   using Flat = typename Ret<S>::Flat;
   using Tuple = Outputs<Flat>;
@@ -421,9 +415,8 @@ struct Outputs<S, std::enable_if_t<kIsStruct<S>>> {
   }
   template <class List, size_t... J>
   static S RebuildImpl(const List& items, std::index_sequence<J...>) {
-    constexpr auto fields = opforge_reflect(static_cast<S*>(nullptr));
     S s{};
-    ((s.*(std::get<J>(fields).member) = Item<J>(items)), ...);
+    ((FieldOf<J>(s) = Item<J>(items)), ...);
     return s;
   }
   template <size_t J>
@@ -563,10 +556,8 @@ struct AutogradKernel<G, R, TypeList<Args...>, TypeList<FlatArgs...>> {
    private:
     template <size_t... K>
     void Setup(AutogradContext& ctx, const Result& out, std::index_sequence<K...>) {
-      G::setup_context(
-          &ctx,
-          Node<std::decay_t<Args>>::template Build<ParamOffset<K, Args...>()>(args_)...,
-          Out::Original(out));
+      TupleReader<Tuple> r{args_};
+      G::setup_context(&ctx, Param<Args, kParamOffset<K, Args...>>(r)..., Out::Original(out));
     }
 
     const AutogradKernel& kernel_;
@@ -596,7 +587,7 @@ struct AutogradKernel<G, R, TypeList<Args...>, TypeList<FlatArgs...>> {
   template <class Tuple, size_t... K>
   static void Scatter(const AutogradOp& op, std::array<LeafGrad, kLeaves>& leaves, Tuple&& result,
                       std::index_sequence<K...>) {
-    (PutGrad<std::decay_t<Args>>(op, K, leaves.data() + ParamOffset<K, Args...>(),
+    (PutGrad<std::decay_t<Args>>(op, K, leaves.data() + kParamOffset<K, Args...>,
                                  std::get<K>(std::forward<Tuple>(result))),
      ...);
   }
@@ -645,7 +636,7 @@ struct AutogradRegistrar<G, R(Args...)> {
                 "opforge: an op with a C++ backward returns at::Tensor, a std::tuple of at::Tensor, "
                 "std::vector<at::Tensor> or a struct whose fields are all at::Tensor.");
 
-  using Flat = typename Concat<typename Node<std::decay_t<Args>>::Flat...>::type;
+  using Flat = typename Concat<typename ParamFlat<Args>::type...>::type;
   using Kernel = AutogradKernel<G, R, TypeList<Args...>, Flat>;
 
   template <size_t... K>
@@ -653,14 +644,14 @@ struct AutogradRegistrar<G, R(Args...)> {
     size_t flat = 0;
     (
         [&] {
-          for (size_t i = 0; i < Node<std::decay_t<Args>>::kCount; ++i, ++flat) {
+          for (size_t i = 0; i < ParamNode<Args>::kCount; ++i, ++flat) {
             if (Kernel::kKinds[flat] != TensorKind::kNone) out.push_back(static_cast<int>(K));
           }
         }(),
         ...);
   }
 
-  static void Register(Library& lib, const std::string& qualified) {
+  static void Register(torch::Library& lib, const std::string& qualified) {
     auto* op = new AutogradOp();  // never freed: see AutogradOp
     PrepareAutogradOp(qualified, sizeof...(Args), *op);
     TensorLeafParams(op->tensor_leaf_param, std::index_sequence_for<Args...>{});
@@ -670,7 +661,7 @@ struct AutogradRegistrar<G, R(Args...)> {
                       .findSchemaOrThrow(qualified.c_str(), "")
                       .template typed<typename Kernel::Signature>();
     for (c10::DispatchKey key : AutogradRuntimeKeys()) {
-      lib.torch_library().impl(qualified.c_str(), torch::dispatch(key, Kernel{op, handle}));
+      lib.impl(qualified.c_str(), torch::dispatch(key, Kernel{op, handle}));
     }
   }
 };

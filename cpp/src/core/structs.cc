@@ -237,6 +237,9 @@ StructDef MakeStruct(std::string name, const std::vector<FieldText>& fields,
   def.name = std::move(name);
   ParseOptions options;
   options.registry = &registry;
+  // A library's struct `liba.Outer` names its nested `Inner` as written in C++.
+  const size_t dot = def.name.rfind('.');
+  if (dot != std::string::npos) options.scope = def.name.substr(0, dot);
   for (const auto& text : fields) {
     StructField field;
     field.name = text.name;
