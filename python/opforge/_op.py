@@ -349,15 +349,23 @@ def _leaves(model: OpModel, boundary) -> list[Leaf]:
 
 
 def _new_opdef(name, fn, sig: Signature, model: OpModel, boundary, overload, state: _State, lib,
-               devices) -> OpDef:
+               devices, *, base: type | None = None, duck_structs: bool = False) -> OpDef:
     """The OpDef, all its state set here. Its class is made per op, so that
-    `__call__` has the op's own signature (which Dynamo traces)."""
+    `__call__` has the op's own signature (which Dynamo traces). C++ ops
+    (`base` CppOpDef) take any object with a struct's fields, and their
+    handles stay ints (C++ runners live in the C++ handle table)."""
+    base = base or OpDef
     for p, node in zip(sig.params, model.params):
         p.node = node
     leaves = _leaves(model, boundary)
-    builder = Builder(name, sig.params, leaves, list(model.returns), sig.return_types, len(model.return_types))
+    if duck_structs:
+        for leaf in leaves:
+            leaf.handle = ""
+    builder = Builder(name, sig.params, leaves, list(model.returns), sig.return_types, len(model.return_types),
+                      duck_structs=duck_structs)
     code = builder.build(overload, boundary)
-    cls = type(f"OpDef[{name}]", (OpDef,), {"__call__": code.call, "__slots__": (), "__doc__": fn.__doc__})
+    cls = type(f"{base.__name__}[{name}]", (base,),
+               {"__call__": code.call, "__slots__": (), "__doc__": getattr(fn, "__doc__", None)})
     _C.install_fast_call(cls)
     opdef = cls.__new__(cls)
     opdef.name = name
@@ -374,7 +382,7 @@ def _new_opdef(name, fn, sig: Signature, model: OpModel, boundary, overload, sta
     opdef._device_kernels = devices is not None
     opdef.__wrapped__ = fn
     opdef.__dict__.update(
-        __name__=getattr(fn, "__name__", name), __qualname__=getattr(fn, "__qualname__", name),
+        __name__=getattr(fn, "__name__", name.split("::")[1]), __qualname__=getattr(fn, "__qualname__", name),
         __module__=getattr(fn, "__module__", None),
     )
     return opdef
@@ -712,7 +720,8 @@ def _install_autograd(opdef: OpDef, backward: Callable, setup_context: Callable 
 
     opdef._lib.impl(opname, autograd_kernel, "Autograd", with_keyset=True)
     opdef._has_autograd = True
-    if not any(leaf.mutated for leaf in opdef.model.leaves) and not opdef._device_kernels:
+    # The direct path runs the Python body; a C++ op has none.
+    if not any(leaf.mutated for leaf in opdef.model.leaves) and not opdef._device_kernels and state.fn is not None:
         opdef._set_has_backward(True)
 
 

@@ -117,6 +117,10 @@ _SIMPLE = {
     torch.types.Number: ("Scalar", "scalar"),
 }
 
+# The other direction, for classes opforge generates (C++ structs seen from
+# Python): schema type text -> the annotation of a field of that type.
+PY_TYPES = {text: py for py, (text, _kind) in _SIMPLE.items()} | {"int": int, "SymBool": bool}
+
 _LIST_ORIGINS = (list, collections.abc.Sequence, collections.abc.MutableSequence)
 
 

@@ -158,6 +158,9 @@ OPFORGE_LIBRARY(opforge_ext, m) {
   m.def("halves(Tensor x, float k) -> ext.Halves");
   m.impl("halves", c10::DeviceType::CPU, &ext::Split);
   m.def("py_kernel(Tensor x, ext.AttnCfg cfg) -> Tensor");
+  // A kernel made of ATen calls that autograd and fake tensors trace through.
+  m.def("composite(Tensor x, ext.Lin lin) -> Tensor");
+  m.impl("composite", c10::DispatchKey::CompositeImplicitAutograd, &ext::Linear);
   m.def("mix_with_fake(Tensor x, ext.Lin lin) -> Tensor");
   m.impl("mix_with_fake", c10::DeviceType::CPU, &ext::Linear);
   m.fake("mix_with_fake", &ext::LinearFake);

@@ -177,7 +177,7 @@ class Commit {
                                        f.default_value ? std::optional<std::string>(f.default_value)
                                                        : std::nullopt});
           }
-          StructDef def = MakeStruct(name, fields, registry);
+          StructDef def = MakeStruct(name, fields, registry, ns_);
           auto existing = registry.FindStruct(name);
           if (existing && !SameLayout(*existing, def)) {
             Clash(what, name, "a struct of another layout (" + Describe(*existing) + ")");

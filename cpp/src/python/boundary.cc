@@ -19,6 +19,7 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/Device.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Generator.h>
@@ -453,6 +454,8 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
                           py::dict classes, py::dict enum_values, py::dict handle_classes, bool top) {
   Node node;
   node.where = where;
+  node.leaf_index = m.leaf_index;
+  node.presence_index = m.presence_index;
   if (m.kind == MappingNode::Kind::kLeaf) {
     const size_t index = static_cast<size_t>(m.leaf_index);
     const LeafInfo& info = lowered.leaves[index];
@@ -516,6 +519,83 @@ Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat
     return BuildReturn(child, flat, child_where, classes);
   });
   return node;
+}
+
+// --- flattening, for ops whose kernels torch calls ----------------------------
+
+namespace {
+
+c10::IValue LeafIValue(const LeafRule& rule, const c10::Argument& arg, PyObject* obj) {
+  if (obj == Py_None) return c10::IValue();
+  switch (rule.kind) {
+    case Kind::kTensor: return THPVariable_Unpack(obj);
+    case Kind::kInt:
+      if (PyLong_CheckExact(obj)) return static_cast<int64_t>(PyLong_AsLongLong(obj));
+      break;
+    case Kind::kFloat:
+      if (PyFloat_CheckExact(obj)) return PyFloat_AS_DOUBLE(obj);
+      break;
+    case Kind::kBool: return obj == Py_True;
+    default: break;
+  }
+  return torch::jit::toIValue(py::handle(obj), arg.real_type(), arg.N());
+}
+
+}  // namespace
+
+bool Boundary::FlattenNode(const Node& node, PyObject* obj, std::vector<c10::IValue>& stack) {
+  switch (node.kind) {
+    case Node::Kind::kLeaf:
+    case Node::Kind::kLiteral:
+    case Node::Kind::kHandle: {
+      const auto index = static_cast<size_t>(node.leaf_index);
+      stack[index] = LeafIValue(node.rule, flat_.arguments()[index], obj);
+      return true;
+    }
+    case Node::Kind::kEnum: {
+      // The body gets members; the dispatcher, their values.
+      const auto index = static_cast<size_t>(node.leaf_index);
+      if (obj == Py_None) {
+        stack[index] = c10::IValue();
+        return true;
+      }
+      auto raw = [](PyObject* member) { return py::reinterpret_steal<py::object>(PyObject_GetAttrString(member, "value")); };
+      if (node.is_list) {
+        py::list values;
+        for (py::handle item : py::reinterpret_borrow<py::object>(obj)) values.append(raw(item.ptr()));
+        stack[index] = torch::jit::toIValue(values, flat_.arguments()[index].real_type());
+      } else {
+        py::object value = raw(obj);
+        if (!value) return false;
+        stack[index] = torch::jit::toIValue(value, flat_.arguments()[index].real_type());
+      }
+      return true;
+    }
+    case Node::Kind::kStruct: {
+      const bool present = obj != Py_None;
+      if (node.presence_index >= 0) stack[static_cast<size_t>(node.presence_index)] = present;
+      for (size_t i = 0; i < node.children.size(); ++i) {
+        py::object field;
+        if (present) {
+          field = py::reinterpret_steal<py::object>(PyObject_GetAttr(obj, node.field_names[i].ptr()));
+          if (!field) return false;
+        } else {
+          field = py::none();
+        }
+        if (!FlattenNode(node.children[i], field.ptr(), stack)) return false;
+      }
+      return true;
+    }
+  }
+  return true;
+}
+
+bool Boundary::Flatten(PyObject* const* converted, std::vector<c10::IValue>& stack) {
+  stack.resize(flat_.arguments().size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!FlattenNode(params_[i], converted[i], stack)) return false;
+  }
+  return true;
 }
 
 // --- binding and conversion --------------------------------------------------
@@ -985,7 +1065,31 @@ struct OpObject {
   PyObject* autograd;  // autograd(tensors, converted): the autograd bridge, or null
   PyObject* fallback;  // the class's Python __call__, for what the boundary cannot bind
   bool has_backward;
+  // Ops whose kernels torch calls (C++ libraries): the eager path calls the
+  // dispatcher from here, as torch.ops would, without the Python flatten.
+  std::optional<c10::OperatorHandle>* dispatcher_op;
+  PyObject* rebuild_output;  // flat returns -> struct returns, or null when all are leaves
 };
+
+// The dispatcher call of a C++ op's eager fast path.
+PyObject* CallDispatcher(OpObject* op, PyObject* const* converted) {
+  std::vector<c10::IValue> stack;
+  if (!op->boundary->Flatten(converted, stack)) return nullptr;
+  try {
+    {
+      py::gil_scoped_release no_gil;
+      (*op->dispatcher_op)->callBoxed(stack);
+    }
+    py::object out = torch::jit::createPyObjectForStack(std::move(stack));
+    if (op->rebuild_output == nullptr) return out.release().ptr();
+    return PyObject_CallOneArg(op->rebuild_output, out.ptr());
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+  }
+  return nullptr;
+}
 
 PyObject* CallFallback(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
                        PyObject* kwnames) {
@@ -1043,6 +1147,14 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
   c10::DeviceType device = c10::DeviceType::CPU;
   int mode = FastPathMode(tensors, nslots, &device);
   PyObject* kernel = nullptr;
+  if (mode >= 0 && op->dispatcher_op->has_value()) {
+    // A C++ op: torch's dispatcher runs its kernels, autograd and version
+    // bumps, as for torch.ops.ns.op, but without Python's flatten. A Python
+    // kernel for the device (register_kernel) runs directly, as for a
+    // Python op.
+    PyObject* python_kernel = mode == 0 ? (*op->kernels)[static_cast<size_t>(device)] : nullptr;
+    if (python_kernel == nullptr) return CallDispatcher(op, out);
+  }
   if (mode == 0) {
     kernel = (*op->kernels)[static_cast<size_t>(device)];
     if (kernel == nullptr) kernel = op->default_kernel;
@@ -1114,6 +1226,7 @@ PyObject* OpNew(PyTypeObject* type, PyObject* /*args*/, PyObject* /*kwargs*/) {
   op->vectorcall = OpCall;
   op->kernels = new std::array<PyObject*, kNumDeviceTypes>();
   op->kernels->fill(nullptr);
+  op->dispatcher_op = new std::optional<c10::OperatorHandle>();
   return reinterpret_cast<PyObject*>(op);
 }
 
@@ -1127,6 +1240,7 @@ int OpTraverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(op->dispatch);
   Py_VISIT(op->autograd);
   Py_VISIT(op->fallback);
+  Py_VISIT(op->rebuild_output);
   return 0;
 }
 
@@ -1141,6 +1255,7 @@ int OpClear(PyObject* self) {
   Py_CLEAR(op->dispatch);
   Py_CLEAR(op->autograd);
   Py_CLEAR(op->fallback);
+  Py_CLEAR(op->rebuild_output);
   return 0;
 }
 
@@ -1150,6 +1265,8 @@ void OpDealloc(PyObject* self) {
   OpClear(self);
   delete op->kernels;
   op->kernels = nullptr;
+  delete op->dispatcher_op;
+  op->dispatcher_op = nullptr;
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -1223,7 +1340,25 @@ PyObject* OpFastCheck(PyObject* /*self*/, PyObject* tensors) {
   return PyLong_FromLong(mode);
 }
 
+// _set_dispatcher_op(qualified_name, rebuild_output or None)
+PyObject* OpSetDispatcherOp(PyObject* self, PyObject* args) {
+  auto* op = reinterpret_cast<OpObject*>(self);
+  const char* name;
+  PyObject* rebuild;
+  if (!PyArg_ParseTuple(args, "sO", &name, &rebuild)) return nullptr;
+  auto handle = c10::Dispatcher::singleton().findSchema({name, ""});
+  if (!handle) {
+    PyErr_Format(PyExc_LookupError, "%s is not registered with torch's dispatcher", name);
+    return nullptr;
+  }
+  *op->dispatcher_op = *handle;
+  Py_XSETREF(op->rebuild_output, rebuild == Py_None ? nullptr : Py_NewRef(rebuild));
+  Py_RETURN_NONE;
+}
+
 PyMethodDef kOpMethods[] = {
+    {"_set_dispatcher_op", OpSetDispatcherOp, METH_VARARGS,
+     "_set_dispatcher_op(name, rebuild_output): eager calls go to torch's dispatcher from C (C++ ops)."},
     {"_bind", OpBind, METH_VARARGS,
      "_bind(boundary, default_kernel, kernels, dispatch, autograd, fallback, has_backward)"},
     {"_set_kernel", OpSetKernel, METH_VARARGS, "_set_kernel(device_type or None, kernel)"},

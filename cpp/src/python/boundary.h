@@ -76,6 +76,8 @@ struct Node {
   bool is_list = false;  // kEnum/kLiteral: a list of them
   LeafRule rule;         // kLeaf; the raw value's rule for kEnum/kLiteral
   int tensor_slot = -1;  // kLeaf holding tensors: its index among the tensor leaves
+  int leaf_index = -1;   // kLeaf/kEnum/kLiteral/kHandle: its flat argument
+  int presence_index = -1;  // kStruct of an Optional[Struct]: its `__is_set` flat argument
   std::string where;     // "parameter 'cfg', field Cfg.scale"
   pybind11::object cls;       // kStruct/kEnum/kHandle
   pybind11::object by_value;  // kEnum: raw value -> member
@@ -121,6 +123,11 @@ class Boundary {
   // A new reference to the converted return value, or null with an error set.
   PyObject* CheckReturn(PyObject* value);
 
+  // The flat arguments of converted values (ConvertAll's `out`), in schema
+  // order, as the dispatcher takes them. False with an error set.
+  bool Flatten(PyObject* const* converted, std::vector<c10::IValue>& stack);
+  const c10::FunctionSchema& flat_schema() const { return flat_; }
+
   // Positions (among the tensor leaves) of mutated tensors.
   const std::vector<int>& mutated_slots() const { return mutated_slots_; }
 
@@ -136,6 +143,7 @@ class Boundary {
   PyObject* ConvertStruct(Node& node, PyObject* obj, PyObject** tensors,
                           std::vector<PyObject*>& keep, const char* context);
   PyObject* ConvertReturnNode(Node& node, PyObject* obj);
+  bool FlattenNode(const Node& node, PyObject* obj, std::vector<c10::IValue>& stack);
   Node BuildParam(const MappingNode& m, const LoweredOp& lowered, const c10::FunctionSchema& flat,
                   const std::string& where, pybind11::dict classes, pybind11::dict enum_values,
                   pybind11::dict handle_classes, bool top);

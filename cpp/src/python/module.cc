@@ -15,6 +15,7 @@
 #include "opforge/autograd.h"
 #include "opforge/error.h"
 #include "opforge/handles.h"
+#include "opforge/libraries.h"
 #include "opforge/schema.h"
 #include "opforge/spec.h"
 #include "opforge/structs.h"
@@ -440,6 +441,28 @@ PYBIND11_MODULE(_C, m) {
     return OpSpecRegistry::Global().Remove(name);
   }, py::arg("name"));
   m.def("op_spec_names", [] { return OpSpecRegistry::Global().Names(); });
+
+  // C++ kernel libraries (docs/cpp_ops.md): their ops, and the blocks that
+  // failed to load.
+  m.def("library_op", [](const std::string& name) -> py::object {
+    auto op = LibraryRegistry::Global().Find(name);
+    if (!op) return py::none();
+    py::dict out;
+    out["library"] = op->library;
+    out["abi"] = op->abi;
+    out["has_cpp_autograd"] = op->has_cpp_autograd;
+    out["has_torch_layer_autograd"] = op->torch_layer_autograd != nullptr;
+    return out;
+  }, py::arg("name"), "What a C++ library says of one of its ops, or None for an op of no C++ library.");
+  m.def("library_generation", [] { return LibraryRegistry::Global().generation(); },
+        "Bumped each time a C++ library block commits ops.");
+  m.def("load_errors", [] {
+    py::list out;
+    for (const auto& e : LibraryRegistry::Global().LoadErrors()) out.append(py::make_tuple(e.library, e.message));
+    return out;
+  }, "[(library path, message)] for every C++ library block that could not be registered.");
+  m.def("drop_no_backward_kernel", &DropNoBackwardKernel, py::arg("name"),
+        "Drops the no-backward kernel of a C++ library's op, so a Python backward can take its place.");
   m.def("resolve_tensor_args", &ResolveTensorArgs, py::arg("lowered"), py::arg("names"), py::arg("option"),
         "Flat names of the Tensor leaves that `names` denote (a struct expands to its Tensor leaves).");
   m.def("set_arg_tag",
