@@ -641,3 +641,54 @@ TEST(VllmStyle, NoGradStandsForAStructWithoutTensorFields) {
 }
 
 }  // namespace vllm_style
+
+namespace call_test {
+
+struct Inner {
+  at::Tensor t;
+  int32_t k = 2;
+};
+OPFORGE_STRUCT(Inner, t, k);
+
+struct Cfg {
+  double scale = 1.0;
+  std::optional<Inner> inner;
+  std::vector<int64_t> dims;
+};
+OPFORGE_STRUCT(Cfg, scale, inner, dims);
+
+struct Pair {
+  at::Tensor a;
+  at::Tensor b;
+};
+OPFORGE_STRUCT(Pair, a, b);
+
+at::Tensor Apply(const at::Tensor& x, const Cfg& cfg) {
+  at::Tensor y = x * cfg.scale + static_cast<double>(cfg.dims.size());
+  return cfg.inner ? y + cfg.inner->t * cfg.inner->k : y;
+}
+Pair Both(const at::Tensor& x) { return Pair{x + 1, x + 2}; }
+void Fill(at::Tensor& out, double v) { out.fill_(v); }
+
+TEST(OpforgeCall, StructOpsAreCalledWithTheirStructsAndStructReturnsComeBack) {
+  auto* block = lib_test::Block("opforge_call_test", [](opforge::Library& m) {
+    m.def("apply(Tensor x, Cfg cfg) -> Tensor", &Apply);
+    m.def("both(Tensor x) -> Pair", &Both);
+    m.def("fill(Tensor! out, float v) -> ()", &Fill);
+  });
+  ASSERT_EQ(block->error(), "");
+  at::Tensor x = at::ones({2}, at::kDouble);
+  Cfg cfg{3.0, Inner{at::full({2}, 0.5, at::kDouble), 4}, {7, 8}};
+  at::Tensor y = opforge::Call<at::Tensor>("opforge_call_test::apply", x, cfg);
+  EXPECT_TRUE(at::allclose(y, at::full({2}, 3.0 + 2 + 2.0, at::kDouble)));
+  cfg.inner.reset();
+  static const opforge::OpRef apply("opforge_call_test::apply");
+  EXPECT_TRUE(at::allclose(apply.call<at::Tensor>(x, cfg), at::full({2}, 5.0, at::kDouble)));
+  Pair p = opforge::Call<Pair>("opforge_call_test::both", x);
+  EXPECT_DOUBLE_EQ(p.b[0].item<double>(), 3.0);
+  at::Tensor out = at::zeros({2});
+  opforge::Call("opforge_call_test::fill", out, 6.0);
+  EXPECT_DOUBLE_EQ(out[1].item<double>(), 6.0);
+}
+
+}  // namespace call_test

@@ -403,6 +403,8 @@ class LibraryInit {
 using LibraryBlock = detail::LibraryInit;
 }  // namespace opforge
 
+#include "opforge/call.h"
+
 #define OPFORGE_UID_(prefix, line) OPFORGE_PP_CAT(prefix, line)
 
 // OPFORGE_LIBRARY(ns, m) { m.def(...); } -- like TORCH_LIBRARY (a fragment,

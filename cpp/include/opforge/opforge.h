@@ -15,5 +15,6 @@
 #ifdef OPFORGE_STABLE_ABI
 #include "opforge/stable/library.h"
 #else
+#include "opforge/backward.h"
 #include "opforge/library.h"
 #endif

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <complex>
 
+#include "opforge/abi.h"
 #include "opforge/autograd.h"
 #include "opforge/error.h"
 #include "opforge/handles.h"
@@ -454,6 +455,11 @@ PYBIND11_MODULE(_C, m) {
     out["has_torch_layer_autograd"] = op->torch_layer_autograd != nullptr;
     return out;
   }, py::arg("name"), "What a C++ library says of one of its ops, or None for an op of no C++ library.");
+  m.def("abi_version", [] {
+    uint32_t newest = 0;
+    opforge_abi_get(0, &newest);
+    return newest;
+  }, "The newest C ABI version (opforge/abi.h) this opforge serves to built libraries.");
   m.def("library_generation", [] { return LibraryRegistry::Global().generation(); },
         "Bumped each time a C++ library block commits ops.");
   m.def("load_errors", [] {
