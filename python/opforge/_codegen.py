@@ -528,18 +528,44 @@ class Builder:
         w.line(f"def _call(_self, {self.original_signature()}):")
         with w.block():
             self.emit_validation(w)
-            checks = []
+            checks, missing = [], []
             for p in self.params:
-                if not p.node.is_leaf and not self.duck_structs:
+                if p.node.is_leaf:
+                    continue
+                if not self.duck_structs:
                     cls = self.const("S", p.type.py)
                     check = f"isinstance({p.name}, {cls})"
                     checks.append(f"({p.name} is None or {check})" if p.node.optional else check)
-            if checks:
-                w.line(f"if not ({' and '.join(checks)}):")
+                missing.extend(self._missing_fields(p.node, p.type, p.name, False))
+            if checks or missing:
+                bad = [f"not ({' and '.join(checks)})"] if checks else []
+                w.line(f"if {' or '.join(bad + missing)}:")
                 with w.block():
                     w.line(f"_convert({self.original_call_args([p.name for p in self.params])})  # raises")
             w.line(f"return _dispatch({', '.join(p.name for p in self.params)})")
         return w.text()
+
+    def _missing_fields(self, node, t: TypeInfo, expr: str, in_optional: bool) -> list[str]:
+        """Conditions that hold when a required field of the struct `expr` is
+        None inside an Optional struct. The flat leaves there all take None
+        (for an absent struct), so the dispatcher would let it through:
+        `cfg: Optional[Cfg]` -> ['(cfg is not None and (cfg.scale is None))']."""
+        if node.optional and not in_optional:
+            inner = self._missing_fields(node, t, expr, True)
+            return [f"({expr} is not None and ({' or '.join(inner)}))"] if inner else []
+        conds = []
+        for child in node.children:
+            ct, e = t.fields[child.name], f"{expr}.{child.name}"
+            if child.is_leaf:
+                if in_optional and not ct.optional:
+                    conds.append(f"{e} is None")
+            elif child.optional:
+                conds.extend(self._missing_fields(child, ct, e, False))
+            else:
+                if in_optional:
+                    conds.append(f"{e} is None")
+                conds.extend(self._missing_fields(child, ct, e, in_optional))
+        return conds
 
     def _kernel_chunk(self, factory: str, kernel: str, fake: bool) -> str:
         w = _Writer()
