@@ -104,6 +104,7 @@ class _State:
     backward: Callable | None
     setup_context: Callable | None
     has_tensor_returns: bool
+    traced_body: Callable | None = None  # a Triton op's traceable body, its fake unless one is registered
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,8 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             symm_mem.declare(name, model.lowered, symm_mem_args, lib=lib, stacklevel=4)
             symm_mem_declared = True
         state = _State(fn=body, fake=fake, backward=backward, setup_context=setup_context,
-                       has_tensor_returns=len(model.return_types) > 0)
+                       has_tensor_returns=len(model.return_types) > 0,
+                       traced_body=plan.traced_body if plan is not None else None)
         opdef = _new_opdef(name, fn, sig, model, boundary, overload, state, lib, devices)
         opdef.__dict__["_triton"] = (triton, extra_triton_kernels, mutates_args, plan is not None)
         _register_kernels(opdef, body, devices)
