@@ -44,10 +44,6 @@ from ._types import ENUMS, STRUCTS, TypeInfo
 
 EMPTY = inspect.Parameter.empty
 
-# Flat leaf types whose values can key a cache of rebuilt frozen structs.
-_HASHABLE_LEAF = ("SymInt", "int", "float", "bool", "str", "ScalarType", "Device", "Layout", "MemoryFormat")
-
-
 class GradientCountError(RuntimeError, ValueError):
     """A backward returned more or fewer gradients than the op has
     parameters. A RuntimeError, as torch.autograd raises for this, and a
@@ -74,6 +70,7 @@ class Leaf:
     handle: str
     is_presence: bool
     mutated: bool
+    cacheable: bool  # its values may key the reuse of a rebuilt struct (the boundary's rule)
 
 
 @dataclass
@@ -651,9 +648,7 @@ def _leaf_indices(node) -> list[int]:
 
 
 def _cacheable(info, leaves: list[Leaf]) -> bool:
-    return info.all_scalar and all(
-        leaf.type_text.rstrip("?") in _HASHABLE_LEAF and not leaf.handle for leaf in leaves
-    )
+    return info.all_scalar and all(leaf.cacheable and not leaf.handle for leaf in leaves)
 
 
 def _store(cache: dict, key: tuple, value):

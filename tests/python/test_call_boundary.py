@@ -362,3 +362,25 @@ def test_none_for_a_required_field_of_an_optional_struct_never_reaches_the_body_
     torch._dynamo.reset()
     assert outcome(torch.compile(call, backend="eager", fullgraph=True), torch.ones(1))[0] != "ok"
     assert seen == []
+
+
+@dataclass(frozen=True)
+class Step:
+    size: torch.types.Number
+
+
+def test_a_scalar_field_keeps_each_calls_python_type_on_every_path(ns, path):
+    # Struct instances are reused for leaf values that compare equal; 1, 1.0
+    # and True compare equal, so a Scalar leaf must never key that reuse.
+    seen = []
+
+    @opforge.op(f"{ns}::step")
+    def step(x: Tensor, cfg: Step) -> Tensor:
+        seen.append(type(cfg.size))
+        return x * cfg.size
+
+    flat = getattr(torch.ops, ns).step
+    for value in (1, 1.0, True, 1):
+        step(torch.ones(1), Step(value))
+        flat(torch.ones(1), value)
+    assert seen == [int, int, float, float, bool, bool, int, int]
