@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 
 from . import handles
-from ._types import ENUMS, STRUCTS, TypeInfo
+from ._types import ENUMS, STRUCTS, TypeInfo, Where
 
 EMPTY = inspect.Parameter.empty
 
@@ -82,7 +82,7 @@ class Site:
     expr: str
     value: str
     type: TypeInfo
-    where: str
+    where: Where
     guarded: bool
 
 
@@ -284,11 +284,11 @@ class Builder:
         found = self._sites.get(p.name)
         if found is None:
             found = []
-            self._walk(p.node, p.type, p.name, [], f"parameter '{p.name}'", found, p.name)
+            self._walk(p.node, p.type, p.name, [], Where.parameter(p.name), found)
             self._sites[p.name] = found
         return found
 
-    def _walk(self, node, t: TypeInfo, expr: str, guards: list[str], where: str, out: list[Site], pname: str):
+    def _walk(self, node, t: TypeInfo, expr: str, guards: list[str], where: Where, out: list[Site]):
         if node.is_leaf:
             value = expr
             for g in reversed(guards):
@@ -296,11 +296,9 @@ class Builder:
             out.append(Site(node.leaf_index, expr, value, t, where, bool(guards)))
             return
         guards = guards + [expr] if node.optional else guards
-        qual = t.py.__qualname__
         for child in node.children:
             name = child.name
-            self._walk(child, t.fields[name], f"{expr}.{name}", guards,
-                       f"parameter '{pname}', field {qual}.{name}", out, pname)
+            self._walk(child, t.fields[name], f"{expr}.{name}", guards, where.at_field(t.py, name), out)
 
     # --- validation ---------------------------------------------------------
 
@@ -313,7 +311,7 @@ class Builder:
                 if leaf.enum is None:
                     continue
                 cls = self.const("E", leaf.enum)
-                to_member = self.const("to_member", _make_to_member(self.op_name, f"parameter '{p.name}'", leaf.enum))
+                to_member = self.const("to_member", _make_to_member(self.op_name, Where.parameter(p.name), leaf.enum))
                 if p.type.kind == "list":
                     conv = f"[_e if type(_e) is {cls} else {to_member}(_e) for _e in {p.name}]"
                     w.line(f"{p.name} = {conv}" if not p.type.optional else f"if {p.name} is not None: {p.name} = {conv}")
@@ -370,10 +368,10 @@ class Builder:
         """Lines that compute every leaf; returns one expression per leaf."""
         out: dict[int, str] = {}
         for p in self.params:
-            self._flatten_node(w, p.node, p.name, p.type, out, f"parameter '{p.name}'", top=True)
+            self._flatten_node(w, p.node, p.name, p.type, out, Where.parameter(p.name), top=True)
         return [out[i] for i in range(len(self.leaves))]
 
-    def _flatten_node(self, w: _Writer, node: tuple, expr: str, t: TypeInfo, out: dict[int, str], where: str,
+    def _flatten_node(self, w: _Writer, node: tuple, expr: str, t: TypeInfo, out: dict[int, str], where: Where,
                       top: bool = False):
         if node.is_leaf:
             index = node.leaf_index
@@ -396,7 +394,6 @@ class Builder:
         var = expr if top else self.tmp("s")
         if not top:
             w.line(f"{var} = {expr}")
-        qual = t.py.__qualname__
         if optional:
             w.line(f"if {var} is None:")
             with w.block():
@@ -405,18 +402,17 @@ class Builder:
             w.line("else:")
             with w.block():
                 w.line(f"_l{presence} = True")
-                self._flatten_children(w, children, var, t, where, qual)
+                self._flatten_children(w, children, var, t, where)
         else:
-            self._flatten_children(w, children, var, t, where, qual)
+            self._flatten_children(w, children, var, t, where)
         for i in _leaf_indices(node):
             out[i] = f"_l{i}"
 
-    def _flatten_children(self, w: _Writer, children, var: str, t: TypeInfo, where: str, qual: str):
-        pname = where.split(",")[0]
+    def _flatten_children(self, w: _Writer, children, var: str, t: TypeInfo, where: Where):
         for child in children:
             sub: dict[int, str] = {}
             self._flatten_node(w, child, f"{var}.{child.name}", t.fields[child.name], sub,
-                               f"{pname}, field {qual}.{child.name}")
+                               where.at_field(t.py, child.name))
             for i, e in sub.items():
                 if e != f"_l{i}":
                     w.line(f"_l{i} = {e}")
@@ -424,7 +420,7 @@ class Builder:
     # --- rebuild: leaves -> original arguments -----------------------------
 
     def rebuild_node(self, node: tuple, t: TypeInfo, leaf_expr: Callable[[int], str], fake: bool = False,
-                     where: str = "", output: bool = False, cache: bool = False) -> str:
+                     where: Where = Where.RETURN, output: bool = False, cache: bool = False) -> str:
         """An expression for the original value of `node` from leaf
         expressions. `output`: the leaves are the op's flat returns. `cache`:
         reuse struct instances (real kernels only: fake kernels and traced
@@ -451,11 +447,10 @@ class Builder:
         optional, presence, children = node.optional, node.presence_index, node.children
         info = STRUCTS[t.py]
         cls = self.const("S", t.py)
-        pname = where.split(",")[0]
         kwargs = []
         for child in children:
             sub = self.rebuild_node(child, t.fields[child.name], leaf_expr, fake,
-                                    f"{pname}, field {t.py.__qualname__}.{child.name}", output, cache)
+                                    where.at_field(t.py, child.name), output, cache)
             kwargs.append(f"{child.name}={sub}")
         construct = f"{cls}({', '.join(kwargs)})"
         indices = [i for i in _leaf_indices(node) if not self.leaves[i].is_presence] if cache else []
@@ -481,7 +476,7 @@ class Builder:
             return flat_var
         single = self.num_flat_returns == 1
         item = (lambda i: flat_var) if single else (lambda i: f"{flat_var}[{i}]")
-        parts = [self.rebuild_node(n, rt, item, where="return value", output=True)
+        parts = [self.rebuild_node(n, rt, item, where=Where.RETURN, output=True)
                  for n, rt in zip(self.return_nodes, self.return_types)]
         return parts[0] if len(self.return_nodes) == 1 else f"({', '.join(parts)},)"
 
@@ -570,7 +565,7 @@ class Builder:
         with w.block():
             w.line(f"def {kernel}({self.flat_signature()}):")
             with w.block():
-                args = [self.rebuild_node(p.node, p.type, lambda i: self.leaves[i].name, fake, f"parameter '{p.name}'",
+                args = [self.rebuild_node(p.node, p.type, lambda i: self.leaves[i].name, fake, Where.parameter(p.name),
                                           cache=not fake)
                         for p in self.params]
                 w.line(f"_o = _check_return(_fn({self.original_call_args(args)}))")
@@ -611,7 +606,7 @@ class Builder:
         w = _Writer()
         w.line("def _rebuild_inputs(_leaves):")
         with w.block():
-            args = [self.rebuild_node(p.node, p.type, lambda i: f"_leaves[{i}]", where=f"parameter '{p.name}'")
+            args = [self.rebuild_node(p.node, p.type, lambda i: f"_leaves[{i}]", where=Where.parameter(p.name))
                     for p in self.params]
             w.line(f"return ({', '.join(args)}{',' if len(args) == 1 else ''})")
         return w.text()
@@ -667,13 +662,13 @@ def _is_tensor_text(text: str) -> bool:
     return text.startswith("Tensor")
 
 
-def _enum_error(op: str, where: str, cls: type, value) -> ValueError:
+def _enum_error(op: str, where: Where, cls: type, value) -> ValueError:
     allowed = ", ".join(f"{cls.__qualname__}.{m.name}" for m in cls)
     return ValueError(f"{op}: {where}: {value!r} is not a member or value of {cls.__qualname__}. "
                       f"Pass one of {allowed}.")
 
 
-def _make_to_member(op: str, where: str, cls: type):
+def _make_to_member(op: str, where: Where, cls: type):
     by_value = ENUMS[cls].by_value
 
     def to_member(value):
@@ -702,7 +697,7 @@ def _make_struct_normalizer(op: str, param: Param):
         changes = {}
         for name, ft in t.fields.items():
             value = getattr(obj, name)
-            where = f"parameter '{param.name}', field {t.py.__qualname__}.{name}"
+            where = Where.parameter(param.name).at_field(t.py, name)
             if value is None:
                 continue
             if ft.kind == "enum":
@@ -720,7 +715,7 @@ def _make_struct_normalizer(op: str, param: Param):
     return lambda obj: normalize(obj, param.type)
 
 
-def _make_bad_literal(op: str, where: str, allowed: tuple):
+def _make_bad_literal(op: str, where: Where, allowed: tuple):
     def bad(value):
         raise ValueError(f"{op}: {where}: {value!r} is not one of the allowed values {list(allowed)!r}.")
 
@@ -747,7 +742,7 @@ def _make_flatten_grads(builder: Builder):
             return
         for child in node.children:
             name = child.name
-            field_where = f"{where.split(',')[0]}, field {t.py.__qualname__}.{name}"
+            field_where = where.at_field(t.py, name)
             if grad is None:
                 sub = None
             elif isinstance(grad, dict):
@@ -786,10 +781,10 @@ def _make_flatten_grads(builder: Builder):
             if g is None:
                 continue
             if index is None:
-                assign(p.node, p.type, g, out, f"parameter '{p.name}'")
+                assign(p.node, p.type, g, out, Where.parameter(p.name))
             else:
                 if not is_tensor[index]:
-                    raise not_a_tensor(g, f"parameter '{p.name}'")
+                    raise not_a_tensor(g, Where.parameter(p.name))
                 out[index] = g
         return out
 

@@ -25,7 +25,7 @@ from torch import _C as _torch_C
 
 from . import _C, _types, handles
 from ._codegen import EMPTY, Builder, Leaf, OpCode, Param, _leaf_indices
-from ._types import Registrations, Resolver, TypeInfo
+from ._types import Registrations, Resolver, TypeInfo, Where
 
 _REGISTERED: dict[str, "OpDef"] = {}
 _AFTER_AUTOGRAD = _torch_C._after_autograd_keyset
@@ -589,7 +589,7 @@ def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Sig
     texts: list[str] = []
     saw_kw = False
     for pname, kind, default, ann in sig_params:
-        where = f"parameter '{pname}'"
+        where = Where.parameter(pname)
         if kind is _KINDS.VAR_POSITIONAL or kind is _KINDS.VAR_KEYWORD:
             star = "*" if kind is _KINDS.VAR_POSITIONAL else "**"
             raise TypeError(f"{name}: parameter '{star}{pname}': variadic parameters cannot be op "
@@ -620,7 +620,7 @@ def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Sig
 
 
 def _return_spec(name: str, resolver: Resolver, ann) -> tuple[str, list]:
-    where = "return value"
+    where = Where.RETURN
     ann = resolver.evaluate(ann, where)
     if ann is None or ann is type(None):
         return "()", []
@@ -637,7 +637,7 @@ def _return_spec(name: str, resolver: Resolver, ann) -> tuple[str, list]:
 
 def _return_item(name: str, resolver: Resolver, ann) -> TypeInfo:
     # Which types may be returned is the core's rule (lowering checks it).
-    return resolver.resolve(ann, "return value")
+    return resolver.resolve(ann, Where.RETURN)
 
 
 def _fake_dispatch(name: str, state: _State) -> Callable:

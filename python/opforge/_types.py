@@ -29,9 +29,30 @@ from . import _C
 
 _NoneType = type(None)
 
-# Where an annotation sits, for error messages: "parameter 'cfg'",
-# "parameter 'cfg', field AttnCfg.scale", "return value".
-Where = str
+@dataclass(frozen=True)
+class Where:
+    """Where a value sits in an op's signature, for error messages:
+
+        str(Where.parameter("cfg"))                            # "parameter 'cfg'"
+        str(Where.parameter("cfg").at_field(AttnCfg, "scale"))  # "parameter 'cfg', field AttnCfg.scale"
+        str(Where.RETURN)                                      # "return value"
+    """
+
+    top: str                     # "parameter 'cfg'" or "return value"
+    fields: tuple[str, ...] = ()  # the path to a struct field: ("Outer.inner", "Inner.scale")
+
+    @staticmethod
+    def parameter(name: str) -> "Where":
+        return Where(f"parameter '{name}'")
+
+    def at_field(self, owner: type, name: str) -> "Where":
+        return Where(self.top, (*self.fields, f"{owner.__qualname__}.{name}"))
+
+    def __str__(self) -> str:
+        return "".join((self.top, *(f", field {f}" for f in self.fields)))
+
+
+Where.RETURN = Where("return value")
 
 
 class HandleAnnotation:
@@ -314,8 +335,7 @@ class Resolver:
         for f in dataclasses.fields(cls):
             if not f.init:
                 continue
-            fwhere = f"{where}, field {qual}.{f.name}"
-            finfo = self.resolve(f.type, fwhere, module_globals)
+            finfo = self.resolve(f.type, where.at_field(cls, f.name), module_globals)
             fields[f.name] = finfo
             default = dataclasses.MISSING
             if f.default is not dataclasses.MISSING:

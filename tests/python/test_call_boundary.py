@@ -339,8 +339,8 @@ class WithInner:
         (WithInner(None, Inner(1.0)), "parameter 'cfg', field WithInner.scale: expected a float, got None. "
                                       "Pass a float."),
         (WithInner(2.0, None), "parameter 'cfg', field WithInner.inner: expected a Inner, got None. Pass a Inner."),
-        (WithInner(2.0, Inner(1.0), Inner(None)), "parameter 'cfg', field Inner.w: expected a float, got None. "
-                                                  "Pass a float."),
+        (WithInner(2.0, Inner(1.0), Inner(None)), "parameter 'cfg', field WithInner.maybe, field Inner.w: expected "
+                                                  "a float, got None. Pass a float."),
     ],
     ids=["scalar_field", "struct_field", "field_of_an_optional_struct_field"],
 )

@@ -84,6 +84,22 @@ std::string Fix(Context context, const std::string& what) {
   return "";
 }
 
+}  // namespace
+
+Location Location::Field(const std::string& qual, const std::string& name) const {
+  Location out = *this;
+  out.fields.push_back(qual + "." + name);
+  return out;
+}
+
+std::string Location::Text() const {
+  std::string out = top;
+  for (const auto& field : fields) out += ", field " + field;
+  return out;
+}
+
+namespace {
+
 PyObject* Fail(PyObject* exc, const std::string& op, const Location& where, Context context,
                const std::string& what, const std::string& fix) {
   const std::string message = op + ": " + where.Text() + Suffix(context) + ": " + what + " " + fix;
@@ -400,7 +416,7 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
   }
   std::vector<int> slot_of_leaf(lowered.flat.arguments.size(), -1);
   for (size_t i = 0; i < lowered.params.size(); ++i) {
-    const Location where{"parameter '" + lowered.params[i].name + "'", ""};
+    const Location where{"parameter '" + lowered.params[i].name + "'", {}};
     params_.push_back(BuildParam(lowered.params[i], lowered, flat_, where, classes, enum_values,
                                  handle_classes, /*top=*/true));
   }
@@ -416,7 +432,7 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
     throw std::invalid_argument(op_ + ": tensor leaves out of order");
   }
   for (size_t i = 0; i < lowered.returns.size(); ++i) {
-    const Location where{lowered.returns.size() == 1 ? "return value" : "return value " + std::to_string(i), ""};
+    const Location where{lowered.returns.size() == 1 ? "return value" : "return value " + std::to_string(i), {}};
     returns_.push_back(BuildReturn(lowered.returns[i], flat_, where, classes));
   }
 }
@@ -758,7 +774,7 @@ PyObject* Boundary::ConvertReturnNode(Node& node, PyObject* obj) {
 }
 
 PyObject* Boundary::CheckReturn(PyObject* value) {
-  static const Location kReturnValue{"return value", ""};
+  static const Location kReturnValue{"return value", {}};
   const size_t n = returns_.size();
   if (n == 0) {
     if (value == Py_None) return Py_NewRef(Py_None);

@@ -69,12 +69,13 @@ struct StructCache {
 };
 
 // Where a node sits, for error messages: "parameter 'cfg'", and for a
-// field of a struct "parameter 'cfg', field Cfg.scale".
+// field of a struct the path to it, "parameter 'cfg', field Cfg.inner,
+// field Inner.scale".
 struct Location {
-  std::string top;    // "parameter 'cfg'", "return value", "return value 1"
-  std::string field;  // "Cfg.scale"; empty for the parameter or return itself
-  Location Field(const std::string& qual, const std::string& name) const { return {top, qual + "." + name}; }
-  std::string Text() const { return field.empty() ? top : top + ", field " + field; }
+  std::string top;                  // "parameter 'cfg'", "return value", "return value 1"
+  std::vector<std::string> fields;  // "Cfg.inner", "Inner.scale"; empty for the parameter itself
+  Location Field(const std::string& qual, const std::string& name) const;
+  std::string Text() const;
 };
 
 // One original parameter (or return), as a tree over the flat leaves.
