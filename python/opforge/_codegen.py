@@ -50,6 +50,26 @@ class GradientCountError(RuntimeError, ValueError):
     ValueError, as MagiCompiler's decorator raises."""
 
 
+_GRADIENT_COUNT = "backward returned {returned} gradient(s) but the op has {expected} parameter(s) ({names})"
+
+
+def gradients_per_parameter(op: str, grads, names: list[str], said: str = _GRADIENT_COUNT) -> tuple:
+    """What a backward returned, as one gradient per parameter: a bare
+    gradient is a 1-tuple, another count a GradientCountError whose first
+    words are `said` (a front end may use its own), then the fix:
+
+        gradients_per_parameter("ns::f", g, ["x"])       -> (g,)
+        gradients_per_parameter("ns::f", (g, g), ["x"])  -> GradientCountError: ns::f: backward returned 2
+            gradient(s) but the op has 1 parameter(s) (x); return one per parameter, None where there is none.
+    """
+    if not isinstance(grads, tuple):
+        grads = (grads,)
+    if len(grads) != len(names):
+        first = said.format(returned=len(grads), expected=len(names), names=", ".join(names))
+        raise GradientCountError(f"{op}: {first}; return one per parameter, None where there is none.")
+    return grads
+
+
 @dataclass
 class Param:
     name: str
@@ -767,15 +787,10 @@ def _make_flatten_grads(builder: Builder):
                     f"fields of {t.py.__qualname__}; use its field names."
                 )
 
+    names = [p.name for p in params]
+
     def flatten_grads(grads):
-        if not isinstance(grads, tuple):
-            grads = (grads,)
-        if len(grads) != len(params):
-            names = ", ".join(p.name for p in params)
-            raise GradientCountError(
-                f"{op}: backward returned {len(grads)} gradient(s) but the op has {len(params)} "
-                f"parameter(s) ({names}); return one per parameter, None where there is none."
-            )
+        grads = gradients_per_parameter(op, grads, names)
         out = [None] * len(leaves)
         for (p, index), g in zip(top, grads):
             if g is None:

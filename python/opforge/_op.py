@@ -25,7 +25,7 @@ from torch import _C as _torch_C
 
 from . import _C, _types, handles
 from ._codegen import EMPTY, Builder, Leaf, OpCode, Param, _leaf_indices
-from ._types import Registrations, Resolver, TypeInfo, Where
+from ._types import Problem, Registrations, Resolver, SignatureError, TypeInfo, Where
 
 _REGISTERED: dict[str, "OpDef"] = {}
 _AFTER_AUTOGRAD = _torch_C._after_autograd_keyset
@@ -598,8 +598,8 @@ def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Sig
             raise TypeError(f"{name}: {where}: positional-only parameters are not supported. "
                             f"Remove the '/' from the signature.")
         if ann is empty:
-            raise TypeError(f"{name}: {where}: missing type annotation. Annotate it, e.g. "
-                            f"'{pname}: torch.Tensor'.")
+            raise SignatureError(name, where, Problem.NO_ANNOTATION, "missing type annotation.", "",
+                                 f"Annotate it, e.g. '{pname}: torch.Tensor'.")
         t = resolver.resolve(ann, where)
         text = f"{t.text} {pname}"
         if default is not empty:
@@ -613,8 +613,8 @@ def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Sig
         texts.append(text)
         params.append(Param(pname, kw, default, t, ()))
     if ret_ann is empty:
-        raise TypeError(f"{name}: return value: missing annotation. Add one, e.g. '-> torch.Tensor' "
-                        f"or '-> None'.")
+        raise SignatureError(name, Where.RETURN, Problem.NO_ANNOTATION, "missing annotation.", "",
+                             "Add one, e.g. '-> torch.Tensor' or '-> None'.")
     ret_text, ret_types = _return_spec(name, resolver, ret_ann)
     return Signature(params, ret_types, f"{name}({', '.join(texts)}) -> {ret_text}")
 
