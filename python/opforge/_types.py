@@ -29,6 +29,7 @@ from . import _C
 
 _NoneType = type(None)
 
+
 @dataclass(frozen=True)
 class Where:
     """Where a value sits in an op's signature, for error messages:

@@ -290,10 +290,10 @@ def _reject_what_magi_rejects(op_name: str, params: list[Param], ret_types: list
 
 def _check_mutates_args(op_name: str, params: list[Param], names: Sequence[str]) -> None:
     """MagiCompiler's rule: each entry names a parameter or a flat leaf."""
-    known = _tensor_parameters(params)
+    known = _parameter_names(params)
     for name in names:
         if name not in known:
-            leaves = [n for n in known if "__" in n]
+            leaves = [n for n, (_i, path, _t) in known.items() if path]
             raise ValueError(
                 f"{op_name}: mutates_args entry {name!r} does not match any parameter. Name a parameter "
                 f"({', '.join(p.name for p in params)})" + (f" or a leaf ({', '.join(leaves)})." if leaves else ".")
@@ -483,9 +483,10 @@ def _identity_meta(op_name: str, params: list[Param], ret_types: list[TypeInfo])
     return identity_meta
 
 
-def _tensor_parameters(params: list[Param]) -> dict[str, tuple[int, tuple[str, ...], TypeInfo]]:
-    """Every name infer_output_meta_fn may list: parameters, and struct leaves
-    by their flat name ('cfg__bias'). name -> (param index, field path, type)."""
+def _parameter_names(params: list[Param]) -> dict[str, tuple[int, tuple[str, ...], TypeInfo]]:
+    """Every name infer_output_meta_fn and mutates_args may list, as in
+    MagiCompiler: parameters, and struct fields by their flat name
+    ('cfg__bias'). name -> (param index, field path, type)."""
     out = {}
 
     def walk(prefix, index, path, t):
@@ -502,7 +503,7 @@ def _tensor_parameters(params: list[Param]) -> dict[str, tuple[int, tuple[str, .
 def _meta_from_param_names(op_name: str, params: list[Param], names: list[str]) -> Callable:
     """`infer_output_meta_fn=["weight", "bias"]`: output i is `empty_like`
     of the i-th named parameter."""
-    known = _tensor_parameters(params)
+    known = _parameter_names(params)
     tensors = [n for n, (_i, _p, t) in known.items() if t.kind == "tensor"]
     getters = []
     for name in names:
