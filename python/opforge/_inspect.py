@@ -133,7 +133,9 @@ def describe(op: "_op.OpDef", source: bool = False) -> str:
     else:
         autograd = "no backward: differentiating through it is an error"
     lines.append(f"  autograd   {autograd}")
-    if state.fake is not None:
+    if state.fake is not None and state.fake is state.traced_body:
+        fake = "the traced body (a Triton op: fake tensors run the body, the kernels stay unlaunched)"
+    elif state.fake is not None:
         fake = "registered"
     elif model.return_types:
         fake = "none (torch.compile and fake tensors need one)"

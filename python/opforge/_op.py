@@ -25,7 +25,7 @@ from torch import _C as _torch_C
 
 from . import _C, _types, handles
 from ._codegen import EMPTY, Builder, Leaf, OpCode, Param, _leaf_indices
-from ._types import Registrations, Resolver, TypeInfo
+from ._types import Problem, Registrations, Resolver, SignatureError, TypeInfo, Where
 
 _REGISTERED: dict[str, "OpDef"] = {}
 _AFTER_AUTOGRAD = _torch_C._after_autograd_keyset
@@ -104,6 +104,7 @@ class _State:
     backward: Callable | None
     setup_context: Callable | None
     has_tensor_returns: bool
+    traced_body: Callable | None = None  # a Triton op's traceable body, its fake unless one is registered
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,8 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             symm_mem.declare(name, model.lowered, symm_mem_args, lib=lib, stacklevel=4)
             symm_mem_declared = True
         state = _State(fn=body, fake=fake, backward=backward, setup_context=setup_context,
-                       has_tensor_returns=len(model.return_types) > 0)
+                       has_tensor_returns=len(model.return_types) > 0,
+                       traced_body=plan.traced_body if plan is not None else None)
         opdef = _new_opdef(name, fn, sig, model, boundary, overload, state, lib, devices)
         opdef.__dict__["_triton"] = (triton, extra_triton_kernels, mutates_args, plan is not None)
         _register_kernels(opdef, body, devices)
@@ -340,11 +342,11 @@ def _leaves(model: OpModel, boundary) -> list[Leaf]:
     Python kernel receives from torch for an argument the caller left out."""
     defaults = boundary.flat_defaults()
     out = []
-    for leaf, default in zip(model.leaves, defaults):
+    for leaf, default, cacheable in zip(model.leaves, defaults, boundary.cacheable_leaves()):
         enum_cls = _types.ENUMS_BY_NAME[leaf.enum_name].cls if leaf.enum_name else None
         out.append(Leaf(leaf.name, leaf.type, leaf.kwarg_only, EMPTY if default is None else default[0],
                         tuple(leaf.allowed) if leaf.allowed else (), enum_cls, leaf.handle_type, leaf.is_presence,
-                        leaf.mutated))
+                        leaf.mutated, cacheable))
     return out
 
 
@@ -595,7 +597,7 @@ def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Sig
     texts: list[str] = []
     saw_kw = False
     for pname, kind, default, ann in sig_params:
-        where = f"parameter '{pname}'"
+        where = Where.parameter(pname)
         if kind is _KINDS.VAR_POSITIONAL or kind is _KINDS.VAR_KEYWORD:
             star = "*" if kind is _KINDS.VAR_POSITIONAL else "**"
             raise TypeError(f"{name}: parameter '{star}{pname}': variadic parameters cannot be op "
@@ -604,8 +606,8 @@ def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Sig
             raise TypeError(f"{name}: {where}: positional-only parameters are not supported. "
                             f"Remove the '/' from the signature.")
         if ann is empty:
-            raise TypeError(f"{name}: {where}: missing type annotation. Annotate it, e.g. "
-                            f"'{pname}: torch.Tensor'.")
+            raise SignatureError(name, where, Problem.NO_ANNOTATION, "missing type annotation.", "",
+                                 f"Annotate it, e.g. '{pname}: torch.Tensor'.")
         t = resolver.resolve(ann, where)
         text = f"{t.text} {pname}"
         if default is not empty:
@@ -619,14 +621,14 @@ def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Sig
         texts.append(text)
         params.append(Param(pname, kw, default, t, ()))
     if ret_ann is empty:
-        raise TypeError(f"{name}: return value: missing annotation. Add one, e.g. '-> torch.Tensor' "
-                        f"or '-> None'.")
+        raise SignatureError(name, Where.RETURN, Problem.NO_ANNOTATION, "missing annotation.", "",
+                             "Add one, e.g. '-> torch.Tensor' or '-> None'.")
     ret_text, ret_types = _return_spec(name, resolver, ret_ann)
     return Signature(params, ret_types, f"{name}({', '.join(texts)}) -> {ret_text}")
 
 
 def _return_spec(name: str, resolver: Resolver, ann) -> tuple[str, list]:
-    where = "return value"
+    where = Where.RETURN
     ann = resolver.evaluate(ann, where)
     if ann is None or ann is type(None):
         return "()", []
@@ -643,7 +645,7 @@ def _return_spec(name: str, resolver: Resolver, ann) -> tuple[str, list]:
 
 def _return_item(name: str, resolver: Resolver, ann) -> TypeInfo:
     # Which types may be returned is the core's rule (lowering checks it).
-    return resolver.resolve(ann, "return value")
+    return resolver.resolve(ann, Where.RETURN)
 
 
 def _fake_dispatch(name: str, state: _State) -> Callable:

@@ -85,14 +85,30 @@ std::string Fix(Context context, const std::string& what) {
   return "";
 }
 
-PyObject* Fail(PyObject* exc, const std::string& op, const std::string& where, Context context,
+}  // namespace
+
+Location Location::Field(const std::string& qual, const std::string& name) const {
+  Location out = *this;
+  out.fields.push_back(qual + "." + name);
+  return out;
+}
+
+std::string Location::Text() const {
+  std::string out = top;
+  for (const auto& field : fields) out += ", field " + field;
+  return out;
+}
+
+namespace {
+
+PyObject* Fail(PyObject* exc, const std::string& op, const Location& where, Context context,
                const std::string& what, const std::string& fix) {
-  const std::string message = op + ": " + where + Suffix(context) + ": " + what + " " + fix;
+  const std::string message = op + ": " + where.Text() + Suffix(context) + ": " + what + " " + fix;
   PyErr_SetString(exc, message.c_str());
   return nullptr;
 }
 
-PyObject* FailExpected(const std::string& op, const std::string& where, Context context,
+PyObject* FailExpected(const std::string& op, const Location& where, Context context,
                        const std::string& expected, bool optional, PyObject* obj) {
   const std::string want = optional ? expected + " or None" : expected;
   if (context == Context::kDefault && obj == Py_None) {
@@ -298,15 +314,16 @@ std::string Qualname(PyObject* cls) {
   return out;
 }
 
-std::string ParamPart(const std::string& where) { return where.substr(0, where.find(',')); }
-
+// Whether a leaf's values may stand for a struct built from them: immutable,
+// and equal only when they rebuild the same. A Scalar is not: 1, 1.0 and True
+// are equal but reach the body as three types. The Python kernels' struct
+// reuse (cacheable_leaves) and StructCache both follow this rule.
 bool CacheableLeaf(const LeafRule& rule) {
   switch (rule.kind) {
     case Kind::kInt:
     case Kind::kFloat:
     case Kind::kBool:
     case Kind::kStr:
-    case Kind::kScalar:
     case Kind::kScalarType:
     case Kind::kLayout:
     case Kind::kMemoryFormat:
@@ -384,7 +401,6 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
     PyUnicode_InternInPlace(&raw);
     names_.push_back(py::reinterpret_steal<py::object>(raw));
     const bool kw = p[1].cast<bool>();
-    kw_only_.push_back(kw);
     if (kw) {
       kw_names.push_back(p[0].cast<std::string>());
     } else {
@@ -401,7 +417,7 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
   }
   std::vector<int> slot_of_leaf(lowered.flat.arguments.size(), -1);
   for (size_t i = 0; i < lowered.params.size(); ++i) {
-    const std::string where = "parameter '" + lowered.params[i].name + "'";
+    const Location where{"parameter '" + lowered.params[i].name + "'", {}};
     params_.push_back(BuildParam(lowered.params[i], lowered, flat_, where, classes, enum_values,
                                  handle_classes, /*top=*/true));
   }
@@ -417,8 +433,7 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
     throw std::invalid_argument(op_ + ": tensor leaves out of order");
   }
   for (size_t i = 0; i < lowered.returns.size(); ++i) {
-    const std::string where = lowered.returns.size() == 1 ? "return value"
-                                                          : "return value " + std::to_string(i);
+    const Location where{lowered.returns.size() == 1 ? "return value" : "return value " + std::to_string(i), {}};
     returns_.push_back(BuildReturn(lowered.returns[i], flat_, where, classes));
   }
 }
@@ -441,7 +456,7 @@ void FillStruct(Node& node, const MappingNode& m, py::dict classes, BuildChild b
     PyUnicode_InternInPlace(&raw);
     node.field_names.push_back(py::reinterpret_steal<py::object>(raw));
     kwnames[i] = node.field_names.back();
-    node.children.push_back(build_child(child, ParamPart(node.where) + ", field " + node.qual + "." + child.name));
+    node.children.push_back(build_child(child, node.where.Field(node.qual, child.name)));
   }
   node.kwnames = kwnames;
   node.has_tensor_slots = HasTensorSlots(node);
@@ -450,7 +465,7 @@ void FillStruct(Node& node, const MappingNode& m, py::dict classes, BuildChild b
 }  // namespace
 
 Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
-                          const c10::FunctionSchema& flat, const std::string& where,
+                          const c10::FunctionSchema& flat, const Location& where,
                           py::dict classes, py::dict enum_values, py::dict handle_classes, bool top) {
   Node node;
   node.where = where;
@@ -497,7 +512,7 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
     return node;
   }
   node.optional = m.optional;
-  FillStruct(node, m, classes, [&](const MappingNode& child, const std::string& child_where) {
+  FillStruct(node, m, classes, [&](const MappingNode& child, const Location& child_where) {
     return BuildParam(child, lowered, flat, child_where, classes, enum_values, handle_classes, false);
   });
   node.cacheable = Cacheable(node);
@@ -505,7 +520,7 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
   return node;
 }
 
-Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat, const std::string& where,
+Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat, const Location& where,
                            py::dict classes) {
   Node node;
   node.where = where;
@@ -515,7 +530,7 @@ Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat
     node.optional = node.rule.optional;
     return node;
   }
-  FillStruct(node, m, classes, [&](const MappingNode& child, const std::string& child_where) {
+  FillStruct(node, m, classes, [&](const MappingNode& child, const Location& child_where) {
     return BuildReturn(child, flat, child_where, classes);
   });
   return node;
@@ -738,7 +753,7 @@ PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, std::
         if (node.optional) return Py_NewRef(Py_None);
         return FailExpected(op_, node.where, ctx, "a " + Qualname(node.cls.ptr()) + " object", false, obj);
       }
-      const std::string at = op_ + ": " + node.where;
+      const std::string at = op_ + ": " + node.where.Text();
       py::str where_text(at);
       PyObject* call_args[] = {obj, node.cls.ptr(), where_text.ptr()};
       return PyObject_Vectorcall(handle_check_.ptr(), call_args, 3, nullptr);
@@ -839,21 +854,22 @@ PyObject* Boundary::ConvertReturnNode(Node& node, PyObject* obj) {
 }
 
 PyObject* Boundary::CheckReturn(PyObject* value) {
+  static const Location kReturnValue{"return value", {}};
   const size_t n = returns_.size();
   if (n == 0) {
     if (value == Py_None) return Py_NewRef(Py_None);
-    return Fail(PyExc_TypeError, op_, "return value", Context::kReturn,
+    return Fail(PyExc_TypeError, op_, kReturnValue, Context::kReturn,
                 "expected None (the op returns nothing), got " + Describe(value) + ".", "Return None.");
   }
   if (n == 1) return ConvertReturnNode(returns_[0], value);
   if (!PyTuple_Check(value) && !PyList_Check(value)) {
-    return Fail(PyExc_TypeError, op_, "return value", Context::kReturn,
+    return Fail(PyExc_TypeError, op_, kReturnValue, Context::kReturn,
                 "expected a tuple of " + std::to_string(n) + " values, got " + Describe(value) + ".",
                 "Return a tuple of " + std::to_string(n) + " values.");
   }
   const Py_ssize_t got = PySequence_Fast_GET_SIZE(value);
   if (static_cast<size_t>(got) != n) {
-    return Fail(PyExc_TypeError, op_, "return value", Context::kReturn,
+    return Fail(PyExc_TypeError, op_, kReturnValue, Context::kReturn,
                 "expected a tuple of " + std::to_string(n) + " values, got " + TypeName(value) + " of " +
                     std::to_string(got) + ".",
                 "Return a tuple of " + std::to_string(n) + " values.");
@@ -896,6 +912,12 @@ py::tuple Boundary::ConvertCall(py::args args, py::kwargs kwargs) {
   py::tuple result(n);
   for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(result.ptr(), static_cast<Py_ssize_t>(i), out[i]);
   return result;
+}
+
+py::list Boundary::CacheableLeaves() {
+  py::list out;
+  for (const auto& arg : flat_.arguments()) out.append(CacheableLeaf(MakeRule(arg.real_type(), arg.N())));
+  return out;
 }
 
 py::list Boundary::FlatDefaults() {
@@ -1428,6 +1450,8 @@ void InitBoundary(py::module_& m) {
            py::arg("value"), "The body's return value checked and converted against the schema's returns.")
       .def("flat_defaults", &Boundary::FlatDefaults,
            "Per flat argument: None, or a 1-tuple with the default a Python kernel receives for it.")
+      .def("cacheable_leaves", &Boundary::CacheableLeaves,
+           "Per flat argument: whether its values may key the reuse of a struct rebuilt from them.")
       .def("check_defaults", &Boundary::CheckDefaults,
            "Raises if a parameter's default does not convert to its type.")
       .def_property_readonly("num_tensor_slots", &Boundary::num_tensor_slots)

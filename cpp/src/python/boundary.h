@@ -68,6 +68,16 @@ struct StructCache {
   ~StructCache();
 };
 
+// Where a node sits, for error messages: "parameter 'cfg'", and for a
+// field of a struct the path to it, "parameter 'cfg', field Cfg.inner,
+// field Inner.scale".
+struct Location {
+  std::string top;                  // "parameter 'cfg'", "return value", "return value 1"
+  std::vector<std::string> fields;  // "Cfg.inner", "Inner.scale"; empty for the parameter itself
+  Location Field(const std::string& qual, const std::string& name) const;
+  std::string Text() const;
+};
+
 // One original parameter (or return), as a tree over the flat leaves.
 struct Node {
   enum class Kind : uint8_t { kLeaf, kEnum, kLiteral, kHandle, kStruct };
@@ -78,7 +88,7 @@ struct Node {
   int tensor_slot = -1;  // kLeaf holding tensors: its index among the tensor leaves
   int leaf_index = -1;   // kLeaf/kEnum/kLiteral/kHandle: its flat argument
   int presence_index = -1;  // kStruct of an Optional[Struct]: its `__is_set` flat argument
-  std::string where;     // "parameter 'cfg', field Cfg.scale"
+  Location where;
   pybind11::object cls;       // kStruct/kEnum/kHandle
   pybind11::object by_value;  // kEnum: raw value -> member
   pybind11::object allowed;   // kLiteral: frozenset of values
@@ -133,7 +143,7 @@ class Boundary {
 
   // Python-facing helpers.
   pybind11::tuple ConvertCall(pybind11::args args, pybind11::kwargs kwargs);
-  pybind11::tuple TensorLeaves(pybind11::tuple converted);
+  pybind11::list CacheableLeaves();
   pybind11::list FlatDefaults();
   void CheckDefaults();
 
@@ -145,14 +155,13 @@ class Boundary {
   PyObject* ConvertReturnNode(Node& node, PyObject* obj);
   bool FlattenNode(const Node& node, PyObject* obj, std::vector<c10::IValue>& stack);
   Node BuildParam(const MappingNode& m, const LoweredOp& lowered, const c10::FunctionSchema& flat,
-                  const std::string& where, pybind11::dict classes, pybind11::dict enum_values,
+                  const Location& where, pybind11::dict classes, pybind11::dict enum_values,
                   pybind11::dict handle_classes, bool top);
-  Node BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat, const std::string& where,
+  Node BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat, const Location& where,
                    pybind11::dict classes);
 
   std::string op_;
   std::vector<pybind11::object> names_;      // interned parameter names
-  std::vector<bool> kw_only_;
   std::vector<pybind11::object> defaults_;   // null object: required
   size_t num_positional_ = 0;
   std::vector<Node> params_;

@@ -30,32 +30,10 @@ void InitBoundary(py::module_& m);
 
 namespace {
 
-const char* KindName(TypeKind kind) {
+// `Type.kind` for Python: a leaf kind as the schema prints it (the core owns
+// those names), a composite by the kind's own name.
+std::string KindName(TypeKind kind) {
   switch (kind) {
-    case TypeKind::kTensor: return "Tensor";
-    case TypeKind::kInt: return "int";
-    case TypeKind::kSymInt: return "SymInt";
-    case TypeKind::kFloat: return "float";
-    case TypeKind::kBool: return "bool";
-    case TypeKind::kSymBool: return "SymBool";
-    case TypeKind::kStr: return "str";
-    case TypeKind::kComplex: return "complex";
-    case TypeKind::kScalar: return "Scalar";
-    case TypeKind::kScalarType: return "ScalarType";
-    case TypeKind::kLayout: return "Layout";
-    case TypeKind::kMemoryFormat: return "MemoryFormat";
-    case TypeKind::kDevice: return "Device";
-    case TypeKind::kGenerator: return "Generator";
-    case TypeKind::kStorage: return "Storage";
-    case TypeKind::kStream: return "Stream";
-    case TypeKind::kQScheme: return "QScheme";
-    case TypeKind::kQuantizer: return "Quantizer";
-    case TypeKind::kCapsule: return "Capsule";
-    case TypeKind::kAny: return "Any";
-    case TypeKind::kAnyClass: return "AnyClassType";
-    case TypeKind::kAnyEnum: return "AnyEnumType";
-    case TypeKind::kPyObject: return "PyObject";
-    case TypeKind::kNone: return "NoneType";
     case TypeKind::kVar: return "Var";
     case TypeKind::kClass: return "Class";
     case TypeKind::kList: return "List";
@@ -70,8 +48,8 @@ const char* KindName(TypeKind kind) {
     case TypeKind::kEnum: return "Enum";
     case TypeKind::kLiteral: return "Literal";
     case TypeKind::kHandle: return "Handle";
+    default: return TypeStr(*Type::Get(kind));
   }
-  return "?";
 }
 
 py::object ToPython(const Value& v) {
