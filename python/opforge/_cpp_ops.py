@@ -232,7 +232,7 @@ def _signature(name: str, lowered) -> _op.Signature:
             raise TypeError(f"{name}: parameter {arg.name!r} is a Python keyword, so the op cannot be called "
                             f"from Python by name. Rename it in the schema.")
         params.append(Param(arg.name, arg.kwarg_only, default, info, None))
-    return _op.Signature(params, [_type_info(r.type) for r in lowered.original.returns], str(lowered.original))
+    return _op.Signature(params, [_type_info(r.type) for r in lowered.original.returns], lowered.definable_spec)
 
 
 def define(name: str) -> CppOpDef:
@@ -281,6 +281,7 @@ def refresh() -> None:
     generation = _C.library_generation()
     if generation == _seen_generation:
         return
+    namespaces: set[str] = set()
     with _lock:
         for name in _C.op_spec_names():
             if name not in _made and _C.library_op(name) is not None:
@@ -291,6 +292,12 @@ def refresh() -> None:
                 # Plain attributes: Dynamo reads them without calling __getattr__.
                 ns, opname = name.split("::")
                 ops.space(ns).__dict__.setdefault(opname, op)
+                namespaces.add(ns)
+        for ns in namespaces:
+            space = structs.space(ns)
+            for short in {t.split(".")[-1] for t in _types_used_by(ns)}:
+                if short not in space.__dict__:
+                    space.__dict__[short] = _find_class(ns, short)
         _seen_generation = generation
     from . import symm_mem
 

@@ -135,9 +135,33 @@ struct SplitGrad {
   }
 };
 
+// A real kernel: it reads data pointers, which fake tensors do not have.
+at::Tensor SumRows(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() == 2, "sum_rows: float32 2-d");
+  at::Tensor out = at::empty({x.size(0)}, x.options());
+  const float* in = x.const_data_ptr<float>();
+  float* o = out.mutable_data_ptr<float>();
+  for (int64_t r = 0; r < x.size(0); ++r) {
+    o[r] = 0;
+    for (int64_t c = 0; c < x.size(1); ++c) o[r] += in[r * x.size(1) + c];
+  }
+  return out;
+}
+at::Tensor SumRowsFake(const at::Tensor& x) { return at::empty({x.size(0)}, x.options()); }
+
+// A collective-shaped op whose input must be symmetric (docs/symm_mem.md).
+at::Tensor AllReduce(const at::Tensor& x, const std::string& /*reduce_op*/, const std::string& /*group_name*/) {
+  return x * 2;
+}
+at::Tensor AllReduceFake(const at::Tensor& x, const std::string&, const std::string&) { return at::empty_like(x); }
+
 }  // namespace ext
 
 OPFORGE_LIBRARY(opforge_ext, m) {
+  m.def("sum_rows(Tensor x) -> Tensor", &ext::SumRows);
+  m.fake("sum_rows", &ext::SumRowsFake);
+  m.def("all_reduce(Tensor x, str reduce_op, str group_name) -> Tensor", &ext::AllReduce).symm_mem_args({"x"});
+  m.fake("all_reduce", &ext::AllReduceFake);
   m.def("scale(Tensor x, ext.Cfg cfg) -> Tensor", &ext::Scale);
   m.fake("scale", &ext::ScaleFake);
   m.def("reduce(Tensor x) -> Stats", &ext::Reduce);

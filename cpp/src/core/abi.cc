@@ -205,7 +205,23 @@ class Commit {
     options.scope = ns_;
     for (size_t i = 0; i < lib_.num_ops; ++i) {
       const std::string text = ns_ + "::" + Str(lib_.ops[i].schema);
-      LoweredOp lowered = LowerText(text, options);
+      LoweredOp lowered;
+      try {
+        lowered = LowerText(text, options);
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        const size_t at = what.find("unknown type '");
+        if (at == std::string::npos) throw;
+        const size_t start = at + 14;
+        const std::string type = what.substr(start, what.find('\'', start) - start);
+        std::string known;
+        for (size_t j = 0; j < lib_.num_types; ++j) known += (known.empty() ? "" : ", ") + Str(lib_.types[j].name);
+        throw Error(ErrorKind::kTypeError, text.substr(0, text.find('(')), "",
+                    "its schema names type '" + type + "', which this library block does not declare.",
+                    "Declare it with OPFORGE_STRUCT (or OPFORGE_ENUM) and take it in a kernel of this block, or "
+                    "list it with m.types<" + type + ">() (this block declares: " +
+                        (known.empty() ? std::string("nothing") : known) + ").");
+      }
       const std::string name = lowered.flat.name;
       if (OpSpecRegistry::Global().Find(name)) {
         throw Error(ErrorKind::kValueError, name, "", "is already defined by another library block.",

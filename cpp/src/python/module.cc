@@ -275,6 +275,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("returns", &LoweredOp::returns)
       .def_readonly("warnings", &LoweredOp::warnings)
       .def_property_readonly("definable_schema", [](const LoweredOp& l) { return ToDefinableString(l.flat); })
+      .def_property_readonly("definable_spec", [](const LoweredOp& l) { return ToDefinableString(l.original); },
+                             "The original signature as torch's parser reads it (`Tensor!` as `Tensor(_0!)`).")
       .def_property_readonly("model_leaves", &LeafModels,
                              "Every flat argument with what lowering knows about it, in order.")
       .def_property_readonly("return_types", [](const LoweredOp& l) {
@@ -294,6 +296,8 @@ PYBIND11_MODULE(_C, m) {
           return ParseSchema(text, options);
         },
         py::arg("text"), "Parses an op spec: torch's grammar plus registered structs/enums, Literal, Handle.");
+  m.def("print_definable", [](const std::string& text) { return ToDefinableString(ParseSchema(text)); },
+        py::arg("text"), "The schema in the form torch's parser reads back (`Tensor!` -> `Tensor(_0!)`).");
   m.def("print_schema", [](const std::string& text) { return ToString(ParseSchema(text)); },
         py::arg("text"), "Parses and prints a schema: the same text torch's str(schema) gives.");
   m.def("parse_type",

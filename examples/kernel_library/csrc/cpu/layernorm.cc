@@ -1,25 +1,32 @@
-// RMSNorm on the CPU: one row at a time, accumulated in float.
+// RMSNorm on the CPU: one row at a time, accumulated in float (double for double).
 #include <cmath>
+#include <type_traits>
+#include <vector>
 
 #include "../portable.h"
 
 namespace kernels {
 namespace {
 
+// Sums in float, or in double for double tensors.
 template <class T>
-float F(T v) {
-  return static_cast<float>(v);
+using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class T>
+Acc<T> F(T v) {
+  return static_cast<Acc<T>>(v);
 }
 
 template <class scalar_t>
 void RmsNormRows(scalar_t* out, const scalar_t* in, const scalar_t* w, int64_t rows, int64_t d, const NormCfg& cfg) {
   for (int64_t r = 0; r < rows; ++r) {
+    using acc_t = Acc<scalar_t>;
     const scalar_t* x = in + r * d;
-    float ss = 0.f;
+    acc_t ss = 0;
     for (int64_t i = 0; i < d; ++i) ss += F(x[i]) * F(x[i]);
-    const float inv = 1.f / std::sqrt(ss / static_cast<float>(d) + static_cast<float>(cfg.eps));
+    const acc_t inv = 1 / std::sqrt(ss / static_cast<acc_t>(d) + static_cast<acc_t>(cfg.eps));
     for (int64_t i = 0; i < d; ++i) {
-      const float scale = cfg.gemma ? 1.f + F(w[i]) : F(w[i]);
+      const acc_t scale = cfg.gemma ? 1 + F(w[i]) : F(w[i]);
       out[r * d + i] = static_cast<scalar_t>(F(x[i]) * inv * scale);
     }
   }
@@ -73,23 +80,24 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad, const Tenso
     const scalar_t* g = grad.const_data_ptr<scalar_t>();
     const scalar_t* w = weight.const_data_ptr<scalar_t>();
     scalar_t* gx = grad_input.mutable_data_ptr<scalar_t>();
-    std::vector<float> gw(static_cast<size_t>(d), 0.f);
+    using acc_t = Acc<scalar_t>;
+    std::vector<acc_t> gw(static_cast<size_t>(d), 0);
     for (int64_t r = 0; r < rows; ++r) {
       const scalar_t* xr = x + r * d;
       const scalar_t* gr = g + r * d;
-      float ss = 0.f;
+      acc_t ss = 0;
       for (int64_t i = 0; i < d; ++i) ss += F(xr[i]) * F(xr[i]);
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(d) + static_cast<float>(cfg.eps));
+      const acc_t inv = 1 / std::sqrt(ss / static_cast<acc_t>(d) + static_cast<acc_t>(cfg.eps));
       // y_i = x_i * inv * s_i;  dy/dx: inv * s_i * g_i - x_i * inv^3 / d * sum_j g_j s_j x_j
-      float dot = 0.f;
+      acc_t dot = 0;
       for (int64_t i = 0; i < d; ++i) {
-        const float s = cfg.gemma ? 1.f + F(w[i]) : F(w[i]);
+        const acc_t s = cfg.gemma ? 1 + F(w[i]) : F(w[i]);
         dot += F(gr[i]) * s * F(xr[i]);
         gw[static_cast<size_t>(i)] += F(gr[i]) * F(xr[i]) * inv;
       }
       for (int64_t i = 0; i < d; ++i) {
-        const float s = cfg.gemma ? 1.f + F(w[i]) : F(w[i]);
-        gx[r * d + i] = static_cast<scalar_t>(inv * s * F(gr[i]) - F(xr[i]) * inv * inv * inv * dot / static_cast<float>(d));
+        const acc_t s = cfg.gemma ? 1 + F(w[i]) : F(w[i]);
+        gx[r * d + i] = static_cast<scalar_t>(inv * s * F(gr[i]) - F(xr[i]) * inv * inv * inv * dot / static_cast<acc_t>(d));
       }
     }
     scalar_t* gwo = grad_weight.mutable_data_ptr<scalar_t>();
