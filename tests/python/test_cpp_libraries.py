@@ -3,6 +3,7 @@ registrations, two libraries in one process, load errors, the first call
 under torch.compile, and symmetric-memory tags, through the example
 libraries in examples/ and tests/cpp_ext."""
 
+import math
 import os
 import re
 import subprocess
@@ -286,3 +287,44 @@ def test_a_library_built_against_another_opforge_is_a_one_sentence_error():
     # A stable-ABI library loads with any opforge serving its ABI, and a later torch.
     opforge.check_library("kernels", opforge_version="0.0.9", abi_version=1, torch_version="2.10.0", stable=True,
                           torch_target_version="2.10")
+
+
+# --- 9: the eager path of C++ ops, against the dispatcher path ---------------------
+
+def test_cpp_ops_fast_path_and_dispatcher_path_agree_on_every_field_and_value(ext):
+    import dataclasses
+
+    from op_testing import fast_path
+    from test_boundary_differential import corpus
+
+    Probe = opforge.structs.opforge_ext.Probe
+    fields = [f.name for f in dataclasses.fields(Probe)]
+    assert fields == ["i", "f", "b", "s", "of", "il", "fl", "dt", "m", "t", "ts"]
+
+    def outcome(fn, *args):
+        try:
+            out = fn(*args)
+        except Exception as e:  # noqa: BLE001 - the comparison is over whatever is raised
+            return (type(e).__name__, str(e))
+        return ("ok", [None if math.isnan(v) else v for v in out.tolist()])
+
+    combinations, accepted, report = 0, 0, []
+    for field in fields:
+        for value in corpus():
+            for op, make in ((ext.probe, lambda p: p), (ext.probe_optional, lambda p: p)):
+                args = (torch.ones(1), make(Probe(**{"ts": [], field: value})))
+                with fast_path(True):
+                    fast = outcome(op, *args)
+                with fast_path(False):
+                    slow = outcome(op, *args)
+                combinations += 1
+                accepted += fast[0] == "ok"
+                if fast != slow:
+                    report.append(f"{op.name} / {field} / {value!r}:\n  fast: {fast}\n  dispatcher: {slow}")
+    assert not report, "\n".join(report[:20])
+    assert combinations >= 11 * 30 * 2 and accepted > combinations // 10
+    # Absent optional struct, and the raw value of an enum field, on both paths.
+    for enabled in (True, False):
+        with fast_path(enabled):
+            assert ext.probe_optional(torch.ones(1), None).tolist() == [-1.0] * 11
+            assert ext.probe(torch.zeros(1), Probe(m=opforge.structs.opforge_ext.Mode.kMul, ts=[]))[8].item() == 1

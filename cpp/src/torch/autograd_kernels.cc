@@ -58,27 +58,39 @@ void NoBackwardKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                       torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const size_t num_args = schema.arguments().size();
-  const bool grad_mode = c10::GradMode::is_enabled();
+  const size_t first = stack->size() - num_args;
+  // Calls without a gradient in sight (inference, no input requiring grad)
+  // pay one scan of the arguments, nothing more.
   bool needs_grad = false;
+  if (c10::GradMode::is_enabled()) {
+    for (size_t i = first; i < stack->size() && !needs_grad; ++i) {
+      const c10::IValue& v = (*stack)[i];
+      if (v.isTensor()) {
+        needs_grad = v.toTensor().requires_grad();
+      } else if (v.isTensorList() || v.isList()) {
+        ForEachTensor(v, [&](const at::Tensor& t) { needs_grad = needs_grad || (t.defined() && t.requires_grad()); });
+      }
+    }
+  }
+  if (!needs_grad) {
+    at::AutoDispatchBelowAutograd guard;
+    op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+    return;
+  }
   std::vector<Variable> inputs;
   std::vector<std::vector<at::Tensor>> written(num_args);
-  if (grad_mode) {
-    const size_t first = stack->size() - num_args;
-    for (size_t i = first; i < stack->size(); ++i) {
-      const auto& alias = schema.arguments()[i - first].alias_info();
-      const bool writes = alias && alias->isWrite();
-      ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
-        if (t.defined() && t.requires_grad()) needs_grad = true;
-        inputs.push_back(t);
-        if (writes) written[i - first].push_back(t);
-      });
-    }
+  for (size_t i = first; i < stack->size(); ++i) {
+    const auto& alias = schema.arguments()[i - first].alias_info();
+    const bool writes = alias && alias->isWrite();
+    ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
+      inputs.push_back(t);
+      if (writes) written[i - first].push_back(t);
+    });
   }
   {
     at::AutoDispatchBelowAutograd guard;
     op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
   }
-  if (!needs_grad) return;
   std::string message;
   {
     std::lock_guard<std::mutex> lock(MessagesMutex());
