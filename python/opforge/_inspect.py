@@ -155,7 +155,7 @@ def _triton_line(op: "_op.OpDef") -> str:
     from .triton import _kernels
 
     def names(ks) -> str:
-        return ", ".join(f"{_kernels.kernel_name(k)} ({getattr(_kernels._chain(k)[-1], '__module__', '?')})"
+        return ", ".join(f"{_kernels.kernel_name(k)} ({getattr(_kernels.jit_of(k), '__module__', '?')})"
                          for k in ks)
 
     parts = []
