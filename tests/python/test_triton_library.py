@@ -147,6 +147,17 @@ def test_a_backward_that_launches_nothing_is_kept_as_given():
     assert graph_kernels(graphs(op, grad_input())["backward"]) == []
 
 
+def test_a_backward_that_launches_nothing_is_kept_as_given_next_to_a_launching_setup_context():
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(lib.scale_forward(inputs[0], 2.0))
+
+    def backward(ctx, grad):
+        return grad * 3.0
+
+    op = opforge.op(fresh("plain_bw_setup"), backward=backward, setup_context=setup_context)(scaled_body)
+    assert op._state.backward is backward and op._state.setup_context is not setup_context
+
+
 def test_triton_off_leaves_backward_as_given():
     op = opforge.op(fresh("off_bw"), backward=scaled_backward, triton="off",
                     fake=lambda x: torch.empty_like(x))(scaled_body)

@@ -145,7 +145,7 @@ def autograd(name: str, body: Callable, backward: Callable | None, setup_context
     if traced_backward is None and traced_setup is None:
         return backward, setup_context
     new_backward = backward
-    if backward is not None:
+    if traced_backward is not None:
         new_backward = _trace.backward_switch(name, backward, traced_backward, _signature(backward))
     new_setup = setup_context
     if setup_context is not None:

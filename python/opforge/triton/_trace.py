@@ -359,15 +359,14 @@ def _tracing_types() -> tuple:
 
 
 _dispatch_modes = torch._C._len_torch_dispatch_stack
-_compiling = torch.compiler.is_compiling
 
 
 def tracing(values) -> bool:
     """Whether backward or setup_context runs under a trace (AOTAutograd,
-    make_fx, compiled autograd, Dynamo) rather than eagerly: a dispatch mode
-    is active, or a value (or an item of a tuple or list value) is a fake or
+    make_fx, compiled autograd) rather than eagerly: a dispatch mode is
+    active, or a value (or an item of a tuple or list value) is a fake or
     functional tensor. Cheap: it runs on every eager call with a gradient."""
-    if _dispatch_modes() or _compiling():
+    if _dispatch_modes():
         return True
     for v in values:
         if _traced_value(v):
@@ -389,16 +388,16 @@ def _traced_value(v: Any) -> bool:
 _INPUTS_ATTR = "_opforge_watched_inputs"
 
 
-def backward_switch(op: str, eager: Callable, traced: Callable | None, sig: inspect.Signature | None) -> Callable:
-    """backward(ctx, *grads): the user's function eagerly; while tracing, the
-    traced copy (if it launches kernels), watching the gradients it was given
-    and the op inputs setup_context saw."""
+def backward_switch(op: str, eager: Callable, traced: Callable, sig: inspect.Signature | None) -> Callable:
+    """backward(ctx, *grads): the user's function eagerly; while tracing, its
+    traced copy, watching the gradients it was given and the op inputs
+    setup_context saw."""
 
     def describe(path: str) -> str:
         return f"backward's parameter '{path}' (a gradient autograd passes in, which other ops may share)"
 
     def backward(ctx, *grads):
-        if traced is None or not tracing(grads):
+        if not tracing(grads):
             return eager(ctx, *grads)
         storages = _param_storages(sig, (ctx, *grads), {}, frozenset(), describe) if sig is not None else {}
         storages.pop(None, None)
@@ -418,7 +417,7 @@ def setup_context_switch(op: str, eager: Callable, traced: Callable | None, para
     against them."""
 
     def setup_context(ctx, inputs, output):
-        if not (_dispatch_modes() or _compiling() or _traced_value(output)):
+        if not (_dispatch_modes() or _traced_value(output)):
             return eager(ctx, inputs, output)
         found: list = []
         for pname, value in zip(param_names, inputs):
