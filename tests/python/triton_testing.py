@@ -83,13 +83,18 @@ def kernel_nodes(gm) -> list:
 
 
 def jit_function(kernel):
+    """The user's @triton.jit function under a kernel's layers (a launcher's,
+    autotune's, heuristics'), also behind the copy opforge hands Inductor
+    when the kernel calls helpers through a module."""
+    from opforge.triton import _flatten
+
     while not isinstance(kernel, triton.runtime.jit.JITFunction):
         kernel = kernel.fn
-    return kernel
+    return _flatten.original(kernel)
 
 
 def graph_kernels(gm) -> list:
-    """The @triton.jit functions the graph launches, in order."""
+    """The user's @triton.jit functions the graph launches, in order."""
     return [jit_function(kernel_side_table.get_kernel(n.kwargs["kernel_idx"])) for n in kernel_nodes(gm)]
 
 
