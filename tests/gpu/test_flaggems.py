@@ -49,7 +49,7 @@ gems_layernorm = importlib.import_module("flag_gems.ops.layernorm")
 gems_softmax_module = importlib.import_module("flag_gems.ops.softmax")
 
 import opforge  # noqa: E402
-from triton_testing import graph_kernels, jit_function  # noqa: E402
+from triton_testing import RecordingInductor, jit_function  # noqa: E402
 
 Tensor = torch.Tensor
 DEV = "cuda"
@@ -177,30 +177,6 @@ def _fresh(fresh_compile):
     """Every test here inspects the graphs of a compile of its own."""
 
 
-class Inductor:
-    """Inductor, recording the graphs AOTAutograd hands it (forward first,
-    backward at the first backward call)."""
-
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
-        def inner_compile(graph_module, inputs, *args, **kwargs):
-            self.graphs.append(graph_module)
-            return compile_fx_inner(graph_module, inputs, *args, **kwargs)
-
-        return compile_fx(gm, example_inputs, inner_compile=inner_compile)
-
-    def kernel_nodes(self, index):
-        return [n for n in self.graphs[index].graph.nodes
-                if n.op == "call_function" and n.target is torch.ops.higher_order.triton_kernel_wrapper_functional]
-
-    def calls(self, index, op):
-        return any(n.target is op.overload for n in self.graphs[index].graph.nodes)
-
-
 # --- eager -----------------------------------------------------------------------------------------
 
 
@@ -215,35 +191,29 @@ def test_eager_values_equal_flaggems_and_torch(name, dtype):
         torch.testing.assert_close(a.float(), r, **tolerance(dtype))
 
 
+def gradients(fn, inputs, dy):
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    fn(*leaves).backward(dy)
+    return [t.grad for t in leaves]
+
+
 def test_rms_norm_gradients_equal_flaggems_function_and_torch():
-    x, w = inputs_for("rms_norm", torch.float32)
+    inputs = inputs_for("rms_norm", torch.float32)
     torch.manual_seed(1)
-    dy = torch.randn_like(x)
-
-    def grads(fn):
-        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
-        fn(xs, ws).backward(dy)
-        return xs.grad, ws.grad
-
-    mine = grads(lambda a, b: rms_norm(a, b, EPS)[0])
-    theirs = grads(lambda a, b: gems_rms_norm.rms_norm(a, [a.shape[-1]], b, EPS))  # FlagGems' RmsNorm Function
-    reference = grads(lambda a, b: F.rms_norm(a, [a.shape[-1]], b, EPS))
+    dy = torch.randn_like(inputs[0])
+    mine = gradients(lambda x, w: rms_norm(x, w, EPS)[0], inputs, dy)
+    theirs = gradients(lambda x, w: gems_rms_norm.rms_norm(x, [x.shape[-1]], w, EPS), inputs, dy)  # RmsNorm Function
+    reference = gradients(lambda x, w: F.rms_norm(x, [x.shape[-1]], w, EPS), inputs, dy)
     for a, b, r in zip(mine, theirs, reference):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-4)
 
 
 def test_silu_and_mul_gradients_equal_flaggems_function():
-    a, b = inputs_for("silu_and_mul", torch.float32)
+    inputs = inputs_for("silu_and_mul", torch.float32)
     torch.manual_seed(1)
-    dy = torch.randn_like(a)
-
-    def grads(fn):
-        xs, ys = a.clone().requires_grad_(), b.clone().requires_grad_()
-        fn(xs, ys).backward(dy)
-        return xs.grad, ys.grad
-
-    for mine, theirs in zip(grads(silu_and_mul), grads(SiluAndMul.apply)):
+    dy = torch.randn_like(inputs[0])
+    for mine, theirs in zip(gradients(silu_and_mul, inputs, dy), gradients(SiluAndMul.apply, inputs, dy)):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
 
 
@@ -255,7 +225,7 @@ def test_silu_and_mul_gradients_equal_flaggems_function():
 def test_compiled_fullgraph_with_flaggems_kernels_in_the_graph(name, dtype):
     case = CASES[name]
     inputs = inputs_for(name, dtype)
-    backend = Inductor()
+    backend = RecordingInductor()
     compiled = torch.compile(case.port, backend=backend, fullgraph=True)
     got = compiled(*inputs)
     for a, b in zip(got, case.port(*inputs)):
@@ -264,8 +234,8 @@ def test_compiled_fullgraph_with_flaggems_kernels_in_the_graph(name, dtype):
     assert not torch._dynamo.utils.counters["graph_break"]
     assert len(backend.graphs) == 1
     assert len(backend.kernel_nodes(0)) == len(case.kernels())
-    assert graph_kernels(backend.graphs[0]) == case.kernels()
-    assert not backend.calls(0, case.op)
+    assert backend.kernels(0) == case.kernels()
+    assert not backend.calls(case.op, 0)
     assert set(case.kernels()) <= {jit_function(k) for k in case.op.triton_kernels.forward}
 
 
@@ -286,15 +256,15 @@ def test_backward_through_backward_is_compiled_with_flaggems_backward_kernels(na
         out.backward(dy)
         return [out.detach(), *(t.grad for t in leaves)]
 
-    backend = Inductor()
+    backend = RecordingInductor()
     compiled = run(torch.compile(case.port, backend=backend, fullgraph=True))
     for a, b in zip(compiled, run(case.port)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert not torch._dynamo.utils.counters["graph_break"]
     assert len(backend.graphs) == 2, "one forward and one backward graph"
-    assert graph_kernels(backend.graphs[0]) == case.kernels()
-    assert graph_kernels(backend.graphs[1]) == backward_kernels()
-    assert not backend.calls(0, case.op) and not backend.calls(1, case.op)
+    assert backend.kernels(0) == case.kernels()
+    assert backend.kernels(1) == backward_kernels()
+    assert not backend.calls(case.op, 0) and not backend.calls(case.op, 1)
     assert set(backward_kernels()) <= {jit_function(k) for k in case.op.triton_kernels.backward}
 
 

@@ -25,11 +25,11 @@ from torch.library import wrap_triton  # noqa: E402
 
 import opforge  # noqa: E402
 import opforge.triton as ot  # noqa: E402
-import triton_helpers  # noqa: E402
-from opforge.triton import _kernels, _launch  # noqa: E402
+from opforge.triton import _launch  # noqa: E402
 from triton_helpers import kernels as K  # noqa: E402
 from triton_helpers import launchers, rebind  # noqa: E402
 from triton_helpers import ops as forms  # noqa: E402
+from triton_testing import interpreted_helpers  # noqa: E402
 
 JIT_OPS = forms.define("tt_jit")
 ADD_FORMS = list(forms.FORMS)
@@ -102,25 +102,18 @@ def xy(n=100):
     return torch.randn(n), torch.randn(n)
 
 
+def _adds(package) -> bool:
+    x, y = xy(40)
+    out = torch.empty_like(x)
+    package.kernels.add_kernel[(2,)](x, y, out, 40, BLOCK=32)
+    return torch.allclose(out, x + y)
+
+
 @functools.lru_cache(maxsize=None)
 def _interpreter():
     """The interpreted helper package and its ops, or the reason it cannot run here."""
-    try:
-        package = triton_helpers.load_interpreted()
-        x, y = xy(40)
-        out = torch.empty_like(x)
-        import os
-
-        os.environ["TRITON_INTERPRET"] = "1"
-        try:
-            package.kernels.add_kernel[(2,)](x, y, out, 40, BLOCK=32)
-        finally:
-            os.environ.pop("TRITON_INTERPRET", None)
-        if not torch.allclose(out, x + y):
-            return None, "Triton's interpreter computed a wrong sum on this torch/triton"
-        return (package, package.ops.define("tt_interp")), None
-    except Exception as e:  # pragma: no cover - depends on the installed versions
-        return None, f"Triton's interpreter does not run with this torch/triton: {type(e).__name__}: {e}"
+    package, reason = interpreted_helpers(_adds)
+    return ((package, package.ops.define("tt_interp")), None) if package is not None else (None, reason)
 
 
 @pytest.fixture

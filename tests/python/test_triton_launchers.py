@@ -7,8 +7,6 @@ Graphs are captured as AOTAutograd hands them to Inductor, without running
 them; eager values run on Triton's interpreter.
 """
 
-import functools
-import os
 import sys
 
 import pytest
@@ -20,12 +18,10 @@ from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table  # noqa
 
 import opforge  # noqa: E402
 import opforge.triton as ot  # noqa: E402
-import triton_helpers  # noqa: E402
 from opforge.triton import _flatten, _kernels, _trace, _writes  # noqa: E402
-from triton_helpers import device  # noqa: E402
 from triton_helpers import flaglike as fl  # noqa: E402
 from triton_testing import (  # noqa: E402
-    TargetOnlyDriver, chain_text, compile_error, graph_kernels, graphs, kernel_nodes, launch_arguments,
+    TargetOnlyDriver, chain_text, compile_error, graphs, interpreter_fixture, kernel_nodes, launch_arguments,
     mutation_analysis_on_cpu)
 
 Tensor = torch.Tensor
@@ -64,29 +60,11 @@ def target_driver():
         config._active = previous
 
 
-@functools.lru_cache(maxsize=None)
-def _interpreted():
-    try:
-        package = triton_helpers.load_interpreted()
-        os.environ["TRITON_INTERPRET"] = "1"
-        try:
-            y = package.flaglike.scale(torch.arange(40.0), 2.0)
-        finally:
-            os.environ.pop("TRITON_INTERPRET", None)
-        if not torch.equal(y, torch.arange(40.0) * 2):
-            return None, "Triton's interpreter computed a wrong result on this torch/triton"
-        return package, None
-    except Exception as e:  # pragma: no cover - depends on the installed versions
-        return None, f"Triton's interpreter does not run with this torch/triton: {type(e).__name__}: {e}"
+def _scales(package) -> bool:
+    return torch.equal(package.flaglike.scale(torch.arange(40.0), 2.0), torch.arange(40.0) * 2)
 
 
-@pytest.fixture
-def interp(monkeypatch):
-    package, reason = _interpreted()
-    if package is None:
-        pytest.skip(reason)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    return package
+interp = interpreter_fixture(_scales)
 
 
 # --- a launcher holding the kernel at .fn ----------------------------------------------------
@@ -223,7 +201,7 @@ def test_a_pointer_argument_into_its_tensor_at_an_offset_is_rejected(tmp_path):
         return out
 
     e = compile_error(opforge.op(fresh("shifted"))(body), x100())
-    assert "Triton kernel 'scale_kernel' gets its argument 'x_ptr' as a Shifted, which Triton passes as a " \
+    assert "Triton kernel 'scale_kernel' gets its argument 'X_ptr' as a Shifted, which Triton passes as a " \
            "pointer (it has data_ptr() and dtype), pointing into its tensor at an offset" in chain_text(e)
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import _kernels, _ops, _rewrite, _scan, _source, _trace
-from ._ops import KernelList, forget, kernels_of, record_forward
+from ._ops import KernelList, forget, kernels_of, record_forward  # noqa: F401 - forget, record_forward: for _op
 from ._trace import HostCodeError, UndeclaredWriteError, UndeclaredWriteWarning
 
 __all__ = ["Plan", "plan", "autograd", "KernelList", "kernels_of", "cache_info", "is_kernel", "HostCodeError",

@@ -506,13 +506,12 @@ def is_opaque(name: str) -> bool:
 
 def skipped(fn: types.FunctionType) -> bool:
     mod = fn.__globals__.get("__name__") or getattr(fn, "__module__", None) or ""
-    if mod.split(".")[0] in _SKIPPED or mod.split(".")[0] in _STDLIB_NAMES:
+    if mod.split(".")[0] in _SKIPPED:
         return True
     filename = os.path.normcase(fn.__code__.co_filename)
     return filename.startswith(("<frozen", _STDLIB)) and "site-packages" not in filename
 
 
-_STDLIB_NAMES = frozenset(getattr(sys, "stdlib_module_names", ()))
 _USES_TRITON: dict[int, tuple[int, bool]] = {}  # id(module globals) -> (their size, answer)
 
 

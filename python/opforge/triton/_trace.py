@@ -1,20 +1,24 @@
 """What opforge checks while an op's traced body runs (docs/triton.md).
 
 A Triton op's traced body runs under fake tensors (Dynamo) and under
-FunctionalTensorMode (AOTAutograd). Around each run, `guard` does two things:
+FunctionalTensorMode (AOTAutograd). Around each run, `guard` does three things:
 
 - it names the op's tensor arguments by parameter (`x`, `cfg.weight`,
   `xs[1]`) so that each launch can be checked for a kernel writing one that
   `mutates_args` does not declare: `check_launch` asks torch's kernel mutation
   analysis which arguments the kernel writes and compares their storages;
 - it turns the errors of host code that reads tensor values (`.item()`,
-  `assert (t > 0).all()`) into one that names the user's file and line.
+  `assert (t > 0).all()`) into one that names the user's file and line;
+- it gives traced tensors stand-in data pointers for host code that only
+  passes pointers along (`_Pointers`), and records the kernels each launch
+  reaches for `op.triton_kernels`.
 
     traced = guard("mylib::op", traced_body, inspect.signature(body), declared=("out",))
     traced(x, out)   # raises UndeclaredWriteError if a kernel writes x
 
-`autograd_switch` does the same for backward and setup_context, and picks
-the traced copy only while tracing, since nothing dispatches them.
+`backward_switch` and `setup_context_switch` do the same for backward and
+setup_context, and pick the traced copy only while tracing, since nothing
+dispatches them.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import device
+from . import device, library
 
 BLOCK = 32
 
@@ -66,12 +66,7 @@ def tuner(configs, key):
     return decorate
 
 
-@entry()
-@triton.jit
-def scale_kernel(x_ptr, out_ptr, n, factor, BLOCK: tl.constexpr):
-    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n
-    tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * factor, mask=mask)
+scale_kernel = entry()(library.scale_kernel)
 
 
 @entry()
@@ -114,38 +109,37 @@ class Unfollowable(triton.KernelInterface):
 hidden_kernel = Unfollowable(scale_kernel.fn)
 
 
+def _blocks(n):
+    return lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
+
+
 def scale(x, factor):
     out = torch.empty_like(x)
-    n = x.numel()
-    scale_kernel[(triton.cdiv(n, BLOCK),)](x, out, n, factor, BLOCK=BLOCK)
+    scale_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), factor, BLOCK=BLOCK)
     return out
 
 
 def square(x):
     out = torch.empty_like(x)
-    n = x.numel()
-    square_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n)
+    square_kernel[_blocks(x.numel())](x, out, x.numel())
     return out
 
 
 def double(x):
     out = torch.empty_like(x)
-    n = x.numel()
-    double_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n)
+    double_kernel[_blocks(x.numel())](x, out, x.numel())
     return out
 
 
 def negate(x):
     out = torch.empty_like(x)
-    n = x.numel()
-    negate_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, out, n)
+    negate_kernel[_blocks(x.numel())](x, out, x.numel())
     return out
 
 
 def hidden_scale(x, factor):
     out = torch.empty_like(x)
-    n = x.numel()
-    hidden_kernel[(triton.cdiv(n, BLOCK),)](x, out, n, factor, BLOCK=BLOCK)
+    hidden_kernel[(triton.cdiv(x.numel(), BLOCK),)](x, out, x.numel(), factor, BLOCK=BLOCK)
     return out
 
 
