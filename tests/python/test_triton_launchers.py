@@ -18,6 +18,7 @@ from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table  # noqa
 
 import opforge  # noqa: E402
 import opforge.triton as ot  # noqa: E402
+from opforge import _inspect  # noqa: E402
 from opforge.triton import _flatten, _kernels, _trace, _writes  # noqa: E402
 from triton_helpers import flaglike as fl  # noqa: E402
 from triton_testing import (  # noqa: E402
@@ -162,6 +163,8 @@ def test_a_kernel_generated_at_run_time_is_found_when_the_op_is_traced(target_dr
         f"mul(...) at flaglike.py:{fl.multiply.__code__.co_firstlineno + 1}",)
     op = opforge.op(fresh("multiply"))(multiply_body)
     assert op.triton_kernels == ()
+    assert "triton     a Triton op whose kernels are found when it is traced: none traced yet" in \
+        _inspect.describe(op)
     x, y = x100(), x100()
     gm = graphs(lambda a, b: op(a, b) * 2, x, y)["forward"]
     (node,) = kernel_nodes(gm)
@@ -173,6 +176,7 @@ def test_a_kernel_generated_at_run_time_is_found_when_the_op_is_traced(target_dr
                                                                      args["out0_ptr"]))
     assert node.kwargs["tensors_to_clone"] == ["out0_ptr"]
     assert op.triton_kernels == (generated,)
+    assert f"triton     forward: mul_kernel_rank_1 ({generated.__module__})" in _inspect.describe(op)
 
 
 def test_a_kernel_generated_at_run_time_in_backward_is_listed_after_tracing(target_driver):
