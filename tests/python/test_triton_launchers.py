@@ -176,7 +176,7 @@ def test_a_kernel_generated_at_run_time_is_found_when_the_op_is_traced(target_dr
                                                                      args["out0_ptr"]))
     assert node.kwargs["tensors_to_clone"] == ["out0_ptr"]
     assert op.triton_kernels == (generated,)
-    assert f"triton     forward: mul_kernel_rank_1 ({generated.__module__})" in _inspect.describe(op)
+    assert f"triton     forward: mul_kernel_rank_1 ({generated.fn.__module__})" in _inspect.describe(op)
 
 
 def test_a_kernel_generated_at_run_time_in_backward_is_listed_after_tracing(target_driver):
