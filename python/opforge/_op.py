@@ -81,11 +81,13 @@ class OpDef(_C.OpBase):
     @property
     def triton_kernels(self) -> tuple:
         """The Triton kernels the op launches, forward's first (`.forward`,
-        `.backward` say which is which); empty for an opaque op. See docs/triton.md."""
+        `.backward` say which is which); empty for an opaque op. Kernels a
+        library builds at run time are listed once the op has been traced.
+        See docs/triton.md."""
         module = _triton_module()
         if module is None:
             return ()
-        return module.kernels_of(self.name, self.__dict__.get("_triton", ("off", (), (), False))[3])
+        return module.kernels_of(self.name)
 
     def flatten(self, *args, **kwargs) -> tuple[tuple, dict]:
         """The flat arguments the dispatcher sees for this call."""
@@ -93,6 +95,18 @@ class OpDef(_C.OpBase):
 
     def __repr__(self) -> str:
         return f"<opforge.OpDef {self.name}: {self.spec}>"
+
+
+@dataclass(frozen=True)
+class TritonOptions:
+    """The decorator's Triton arguments, which `register_autograd` reuses."""
+
+    mode: str = "off"  # 'auto', 'off' or 'force'
+    extra_kernels: tuple = ()
+    mutates_args: tuple = ()
+
+
+_NO_TRITON = TritonOptions()
 
 
 @dataclass
@@ -209,7 +223,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
                        has_tensor_returns=len(model.return_types) > 0,
                        traced_body=plan.traced_body if plan is not None else None)
         opdef = _new_opdef(name, fn, sig, model, boundary, overload, state, lib, devices)
-        opdef.__dict__["_triton"] = (triton, extra_triton_kernels, mutates_args, plan is not None)
+        opdef.__dict__["_triton"] = TritonOptions(triton, extra_triton_kernels, mutates_args)
         _register_kernels(opdef, body, devices)
         if plan is not None:
             _install_triton_decomposition(opdef, plan)
@@ -220,9 +234,13 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             _install_autograd(opdef, backward, setup_context)
         else:
             opdef._registrations.append(_C.register_no_backward_kernel(name, _no_backward_message(name, fn)))
+        if plan is not None:
+            _triton_module().record_forward(name, plan.kernels)
         _REGISTERED[name] = opdef
         return opdef
     except BaseException:
+        if _TRITON and _TRITON[0] is not None:
+            _TRITON[0].forget(name)
         if symm_mem_declared:
             from . import symm_mem
 
@@ -436,12 +454,12 @@ def _triton_plan(name: str, fn: Callable, mode: str, extra_kernels, mutates_args
 def _triton_autograd(opdef: "OpDef", backward: Callable, setup_context: Callable | None) -> tuple:
     """backward and setup_context with their Triton launches made traceable
     (docs/triton.md): unchanged eagerly, traced copies under AOTAutograd."""
-    mode, extras, mutates_args, _planned = opdef.__dict__.get("_triton", ("off", (), (), False))
-    module = _triton_module() if mode != "off" else None
+    options = opdef.__dict__.get("_triton", _NO_TRITON)
+    module = _triton_module() if options.mode != "off" else None
     if module is None:
         return backward, setup_context
-    return module.autograd(opdef.name, opdef.__wrapped__, backward, setup_context, mode=mode,
-                           extra_kernels=extras, mutates_args=mutates_args)
+    return module.autograd(opdef.name, opdef.__wrapped__, backward, setup_context, mode=options.mode,
+                           extra_kernels=options.extra_kernels, mutates_args=options.mutates_args)
 
 
 def _fake_register_takes_lib() -> bool:
