@@ -252,7 +252,6 @@ def define(name: str) -> CppOpDef:
     lib = torch.library.Library(ns, "FRAGMENT")
     opdef = _op._new_opdef(name, None, sig, model, boundary, overload, state, lib, None, base=CppOpDef,
                            duck_structs=True)
-    opdef.__dict__["_triton"] = ("off", (), (), False)
     opdef._bind(boundary, None, {}, opdef._code.dispatch, None, type(opdef).__call__, False)
     leaf_returns = all(node.is_leaf for node in model.returns)
     opdef._set_dispatcher_op(name, None if leaf_returns else opdef._code.rebuild_output)
