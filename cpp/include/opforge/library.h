@@ -249,25 +249,6 @@ decltype(auto) Param(Reader& r) {
 }
 
 // ---------------------------------------------------------------------------
-// Returns: a struct returns as a tuple of its fields.
-
-template <class R, class = void>
-struct Ret {
-  using Flat = R;
-};
-template <class S>
-struct Ret<S, std::enable_if_t<kIsStruct<S>>> {
-  template <size_t... J>
-  static auto TupleOf(std::index_sequence<J...>) -> std::tuple<FieldType<S, J>...>;
-  using Flat = decltype(TupleOf(std::make_index_sequence<kNumFields<S>>{}));
-  static Flat Flatten(S&& s) { return FlattenImpl(std::move(s), std::make_index_sequence<kNumFields<S>>{}); }
-  template <size_t... J>
-  static Flat FlattenImpl(S&& s, std::index_sequence<J...>) {
-    return Flat(std::move(FieldOf<J>(s))...);
-  }
-};
-
-// ---------------------------------------------------------------------------
 // The dispatcher-facing kernel: a functor with the flat signature.
 
 template <class R, class ArgList, class FlatList>

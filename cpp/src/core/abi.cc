@@ -95,11 +95,13 @@ void CopyError(const std::string& message, char* out, size_t size) {
   std::snprintf(out, size, "%s", message.c_str());
 }
 
-// Takes a backend's malloc'd message; throws it as the failure of `what`.
+// Takes a backend's malloc'd message; throws it as the failure of `what`
+// (empty: the message already says where).
 void CheckBackend(char* message, const std::string& op, const std::string& what) {
   if (message == nullptr) return;
   std::string text(message);
   std::free(message);
+  if (what.empty()) throw std::runtime_error(text);
   throw Error(ErrorKind::kValueError, op, what, "torch refused it: " + text);
 }
 
@@ -258,7 +260,7 @@ class Commit {
     for (size_t i = 0; i < lowered_.size(); ++i) {
       if (lib_.ops[i].autograd) {
         CheckBackend(b.autograd(b.ctx, lowered_[i].flat.name.c_str(), lib_.ops[i].autograd),
-                     lowered_[i].flat.name, "autograd");
+                     lowered_[i].flat.name, "");
       }
     }
   }

@@ -522,6 +522,25 @@ struct ReturnNode<S, std::enable_if_t<kIsStruct<S>>> {
   static void Declare(TypeDecls& decls) { StructNode<S>::Declare(decls); }
 };
 
+// ---------------------------------------------------------------------------
+// Returns: a struct returns as a tuple of its fields.
+
+template <class R, class = void>
+struct Ret {
+  using Flat = R;
+};
+template <class S>
+struct Ret<S, std::enable_if_t<kIsStruct<S>>> {
+  template <size_t... J>
+  static auto TupleOf(std::index_sequence<J...>) -> std::tuple<FieldType<S, J>...>;
+  using Flat = decltype(TupleOf(std::make_index_sequence<kNumFields<S>>{}));
+  static Flat Flatten(S&& s) { return FlattenImpl(std::move(s), std::make_index_sequence<kNumFields<S>>{}); }
+  template <size_t... J>
+  static Flat FlattenImpl(S&& s, std::index_sequence<J...>) {
+    return Flat(std::move(FieldOf<J>(s))...);
+  }
+};
+
 // The types a kernel `R(Args...)` needs declared.
 template <class R, class... Args>
 void DeclareKernelTypes(TypeDecls& decls) {
