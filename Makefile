@@ -59,12 +59,16 @@ py-test: build
 test: cpp-test py-test
 
 # GPU tests, with the Python that already has torch with CUDA (nothing is
-# downloaded). liger-kernel, which tests/gpu/test_liger.py needs, comes from a
-# wheel in .whl/ (`pip download liger-kernel --no-deps -d .whl/` where there is
-# network); without one that test skips.
+# downloaded). liger-kernel (tests/gpu/test_liger.py) and flag-gems with
+# sqlalchemy, which it imports (tests/gpu/test_flaggems.py), come from wheels
+# in .whl/ (`pip download --no-deps -d .whl/ liger-kernel flag-gems==5.0.2
+# sqlalchemy==2.0.48` for the GPU machine's Python where there is network);
+# without them those tests skip.
 gpu-test:
 	$(PYTHON) -m pip install -q --no-index --no-deps --find-links .whl liger-kernel \
 	  || echo "no liger-kernel wheel in .whl/: tests/gpu/test_liger.py will skip"
+	$(PYTHON) -m pip install -q --no-index --no-deps --find-links .whl flag-gems sqlalchemy \
+	  || echo "no flag-gems and sqlalchemy wheels in .whl/: tests/gpu/test_flaggems.py will skip"
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
 	$(PYTHON) -m pytest tests/gpu -v -rs
 

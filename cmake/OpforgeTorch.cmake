@@ -11,7 +11,7 @@ function(opforge_find_torch)
   endif()
   execute_process(
     COMMAND "${Python_EXECUTABLE}" -c
-      "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__)"
+      "import os, torch; print(os.path.dirname(torch.__file__)); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__); print(torch.version.cuda or '')"
     OUTPUT_VARIABLE _out RESULT_VARIABLE _rc OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
   if(NOT _rc EQUAL 0)
     message(FATAL_ERROR "opforge: torch is not importable from ${Python_EXECUTABLE}; install torch first")
@@ -20,6 +20,11 @@ function(opforge_find_torch)
   list(GET _out 0 _torch_dir)
   list(GET _out 1 _abi)
   list(GET _out 2 _version)
+  list(LENGTH _out _n)
+  set(_cuda "")
+  if(_n GREATER 3)
+    list(GET _out 3 _cuda)
+  endif()
   message(STATUS "opforge: building against torch ${_version} at ${_torch_dir}")
   string(REGEX MATCH "^[0-9]+\\.[0-9]+" _major_minor "${_version}")
   add_library(opforge_torch_deps INTERFACE)
@@ -40,6 +45,9 @@ function(opforge_find_torch)
   set(OPFORGE_TORCH_DIR "${_torch_dir}" CACHE INTERNAL "")
   set(OPFORGE_TORCH_VERSION "${_version}" PARENT_SCOPE)
   set(OPFORGE_TORCH_VERSION "${_version}" CACHE INTERNAL "")
+  # The CUDA version torch was built with ("13.0"), empty for a CPU build.
+  set(OPFORGE_TORCH_CUDA "${_cuda}" PARENT_SCOPE)
+  set(OPFORGE_TORCH_CUDA "${_cuda}" CACHE INTERNAL "")
 endfunction()
 
 # Fails configuration when the torch found is not of the release line

@@ -1,6 +1,7 @@
 # find_package(opforge) for C++ kernel libraries:
 #
 #   find_package(opforge REQUIRED)        # CMAKE_PREFIX_PATH: python -c "import opforge; print(opforge.cmake_prefix_path)"
+#   opforge_add_library(myops SOURCES myops.cc myops.cu)          # or:
 #   add_library(myops SHARED myops.cc)
 #   target_link_libraries(myops PRIVATE opforge::opforge)
 #
@@ -29,4 +30,10 @@ if(NOT TARGET opforge::opforge)
   set_target_properties(opforge::opforge PROPERTIES INTERFACE_LINK_LIBRARIES "opforge::torch")
 endif()
 set(opforge_LIBRARY_DIR "${_opforge_root}/lib")
+set(opforge_INCLUDE_DIR "${_opforge_root}/include")
+# The C ABI version these headers speak (opforge/abi.h), for a library's
+# record of what it needs at run time.
+file(STRINGS "${opforge_INCLUDE_DIR}/opforge/abi.h" _abi_line REGEX "^#define OPFORGE_ABI_VERSION ")
+string(REGEX REPLACE "^#define OPFORGE_ABI_VERSION ([0-9]+).*" "\\1" opforge_ABI_VERSION "${_abi_line}")
+include("${CMAKE_CURRENT_LIST_DIR}/OpforgeLibrary.cmake")
 set(opforge_FOUND TRUE)

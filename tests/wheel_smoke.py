@@ -147,8 +147,56 @@ def main(out_dir: str) -> int:
     smoke.check("a C++ kernel library builds with find_package(opforge) against the wheel and runs",
                 cpp.returncode == 0 and cpp.stdout.strip() == "[3.0, 3.0]", (cpp.stdout + cpp.stderr)[-3000:])
 
+    kernel_library(smoke, py, site, out_dir)
+
     print(f"wheel smoke: {smoke.passed} passed, {smoke.failed} failed")
     return 1 if smoke.failed else 0
+
+
+KERNELS_SCRIPT = textwrap.dedent("""
+    import torch, opforge_kernels
+    x, w = torch.ones(2, 4), torch.full((4,), 2.0)
+    out = torch.empty_like(x)
+    opforge_kernels.ops.rms_norm(out, x, w, opforge_kernels.NormCfg(eps=0.0))
+    print(opforge_kernels.__file__)
+    print(out.tolist())
+""")
+
+
+def kernel_library(smoke: Smoke, py: str, site: str, out_dir: str) -> None:
+    """examples/kernel_library's wheel, built against the installed opforge
+    wheel, installs beside it and works; an opforge other than the one it
+    was built against is one sentence."""
+    tools = run([py, "-m", "pip", "install", "-q", "scikit-build-core>=0.10", "ninja", "cmake"], out_dir)
+    dist = os.path.join(out_dir, "kernels_dist")
+    built = run([py, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w", dist,
+                 os.path.join(ROOT, "examples", "kernel_library")], out_dir) if tools.returncode == 0 else tools
+    wheels = glob.glob(os.path.join(dist, "opforge_example_kernels-*.whl"))
+    smoke.check("the example kernel library's wheel builds against the installed opforge",
+                built.returncode == 0 and len(wheels) == 1, (built.stdout + built.stderr)[-3000:])
+    if not wheels:
+        return
+    install = run([py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheels[0]], out_dir)
+    use = run([py, "-c", KERNELS_SCRIPT], out_dir) if install.returncode == 0 else install
+    lines = use.stdout.splitlines()
+    smoke.check("it installs beside opforge and torch, imports and runs its ops",
+                use.returncode == 0 and lines[0].startswith(site + os.sep) and lines[1] == str([[2.0] * 4] * 2),
+                (use.stdout + use.stderr)[-3000:])
+    info = os.path.join(site, "opforge_kernels", "_build_info.py")
+    with open(info, encoding="utf-8") as f:
+        original = f.read()
+    try:
+        with open(info, "w", encoding="utf-8") as f:
+            f.write(original.replace(f'OPFORGE_VERSION = "{read_version()}"', 'OPFORGE_VERSION = "9.9.0"'))
+        other = run([py, "-c", "import opforge_kernels"], out_dir)
+    finally:
+        with open(info, "w", encoding="utf-8") as f:
+            f.write(original)
+    last = (other.stderr.strip().splitlines() or [""])[-1]
+    smoke.check("built against another opforge, importing it is a one-sentence error, not an undefined symbol",
+                other.returncode == 1 and last.startswith("ImportError: opforge_kernels was built against opforge "
+                                                          f"9.9.0 but opforge {read_version()} is installed;")
+                and last.count(". ") == 0, last)
 
 
 def runpath(elf: bytes) -> list[str]:

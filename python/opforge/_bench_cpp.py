@@ -24,6 +24,9 @@ import time
 
 import torch
 
+# Scalar leaves of the struct-op rows: a struct op from Python against the
+# same flat op through torch.ops.
+LEAVES = (1, 5, 30)
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bench_cpp_ops.cc")
 LIBRARY = "libopforge_bench_ops.so"
 
@@ -105,8 +108,18 @@ def measure(library: str, calls: int = 400, repeats: int = 31) -> Results:
     affine, structured = opforge.ops.opforge_bench.affine, opforge.ops.opforge_bench.structured
     flat_op, struct_op = ops.flat.default, ops.structured.default
     autograd_calls = max(calls // 4, 20)
+    leaf_cases = {}
+    for n in LEAVES:
+        values = [float(i) for i in range(n)]
+        cls = getattr(opforge.structs.opforge_bench, f"Cfg{n}")
+        cfg_n = cls(*values)
+        flat_n, struct_n = getattr(ops, f"flat{n}"), getattr(opforge.ops.opforge_bench, f"struct{n}")
+        leaf_cases[f"flat{n}"] = (lambda f=flat_n, v=values: f(y, *v), autograd_calls * 20)
+        leaf_cases[f"struct{n}"] = (lambda f=struct_n, c=cfg_n: f(y, c), autograd_calls * 20)
+        leaf_cases[f"struct{n}_built"] = (lambda f=struct_n, c=cls, v=values: f(y, c(*v)), autograd_calls * 20)
     # (callable, calls per repeat): bare calls cost ~1/20 of fwd + bwd.
     cases = {
+        **leaf_cases,
         "flat": (lambda: flat_op(y, y, 2.0, True, 3), autograd_calls * 20),
         "structured": (lambda: struct_op(y, y, 2.0, True, 3), autograd_calls * 20),
         "structured_wrapper": (lambda: structured(y, y, cfg), autograd_calls * 20),
@@ -131,8 +144,8 @@ def render(results: Results) -> str:
     r_py = p["opforge_bwd"] / p["function_bwd"]
     r_struct_py = p["structured"] / p["flat"]
 
-    def verdict(r):
-        return "met" if r <= 1.05 else "NOT met"
+    def verdict(r, budget=1.05):
+        return "met" if r <= budget else "NOT met"
 
     lines = [
         f"C++ ops (compiled against torch {torch.__version__}), median of {results.repeats} repeats",
@@ -145,6 +158,11 @@ def render(results: Results) -> str:
         f"    {'flat TORCH_LIBRARY op':48}{p['flat']:>12.3f}",
         f"    {'opforge struct op, flat call (torch.ops)':48}{p['structured']:>12.3f}",
         f"    {'opforge struct op, opforge.ops + dataclass':48}{p['structured_wrapper']:>12.3f}",
+        f"  {'from Python, N scalar leaves (1 / 5 / 30)':50}{'µs per call':>12}",
+        *[f"    {label:48}{' / '.join(f'{p[key.format(n)]:.3f}' for n in LEAVES):>24}" for label, key in (
+            ("flat op, torch.ops.ns.flatN(x, *leaves)", "flat{}"),
+            ("struct op, opforge.ops.ns.structN(x, cfg)", "struct{}"),
+            ("same, cfg built in the call", "struct{}_built"))],
         f"  {'from Python, fwd + .sum().backward()':50}{'µs per call':>12}",
         f"    {'hand-written torch::autograd::Function op':48}{p['function_bwd']:>12.2f}",
         f"    {'opforge C++ backward, flat call (torch.ops)':48}{p['opforge_bwd']:>12.2f}",
@@ -152,6 +170,11 @@ def render(results: Results) -> str:
         "  ratios",
         f"    {'C++ struct op / flat op, from C++':48}{r_struct:>11.3f}x   budget <= 1.05x: {verdict(r_struct)}",
         f"    {'C++ struct op / flat op, from Python':48}{r_struct_py:>11.3f}x   budget <= 1.05x: {verdict(r_struct_py)}",
+        *[f"    {f'C++ struct op / flat torch.ops op, {n} leaves':48}{p[f'struct{n}'] / p[f'flat{n}']:>11.3f}x"
+          f"   budget <= 1.05x: {verdict(p[f'struct{n}'] / p[f'flat{n}'])}" for n in LEAVES],
+        *[f"    {f'  same, struct built in the call, {n} leaves':48}"
+          f"{p[f'struct{n}_built'] / p[f'flat{n}']:>11.3f}x   budget <= 1.15x: "
+          f"{verdict(p[f'struct{n}_built'] / p[f'flat{n}'], 1.15)}" for n in LEAVES],
         f"    {'C++ backward / autograd::Function, from C++':48}{r_cpp:>11.3f}x   budget <= 1.05x: {verdict(r_cpp)}",
         f"    {'C++ backward / autograd::Function, from Python':48}{r_py:>11.3f}x   budget <= 1.05x: {verdict(r_py)}",
     ]

@@ -43,6 +43,48 @@ at::Tensor Structured(const at::Tensor& x, const at::Tensor& /*y*/, const Cfg& c
   return x;
 }
 
+// --- 1, 5 and 30 scalar leaves: a struct op from Python vs the flat op ----------
+// (generated once by hand; each reads every leaf)
+
+struct Cfg1 {
+  double a0 = 0;
+};
+OPFORGE_STRUCT_NAMED(Cfg1, "opforge_bench.Cfg1", a0);
+at::Tensor Flat1(const at::Tensor& x, double a0) {
+  sink = a0;
+  return x;
+}
+at::Tensor Struct1(const at::Tensor& x, const Cfg1& c) {
+  sink = c.a0;
+  return x;
+}
+
+struct Cfg5 {
+  double a0 = 0; double a1 = 1; double a2 = 2; double a3 = 3; double a4 = 4;
+};
+OPFORGE_STRUCT_NAMED(Cfg5, "opforge_bench.Cfg5", a0, a1, a2, a3, a4);
+at::Tensor Flat5(const at::Tensor& x, double a0, double a1, double a2, double a3, double a4) {
+  sink = a0 + a1 + a2 + a3 + a4;
+  return x;
+}
+at::Tensor Struct5(const at::Tensor& x, const Cfg5& c) {
+  sink = c.a0 + c.a1 + c.a2 + c.a3 + c.a4;
+  return x;
+}
+
+struct Cfg30 {
+  double a0 = 0; double a1 = 1; double a2 = 2; double a3 = 3; double a4 = 4; double a5 = 5; double a6 = 6; double a7 = 7; double a8 = 8; double a9 = 9; double a10 = 10; double a11 = 11; double a12 = 12; double a13 = 13; double a14 = 14; double a15 = 15; double a16 = 16; double a17 = 17; double a18 = 18; double a19 = 19; double a20 = 20; double a21 = 21; double a22 = 22; double a23 = 23; double a24 = 24; double a25 = 25; double a26 = 26; double a27 = 27; double a28 = 28; double a29 = 29;
+};
+OPFORGE_STRUCT_NAMED(Cfg30, "opforge_bench.Cfg30", a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29);
+at::Tensor Flat30(const at::Tensor& x, double a0, double a1, double a2, double a3, double a4, double a5, double a6, double a7, double a8, double a9, double a10, double a11, double a12, double a13, double a14, double a15, double a16, double a17, double a18, double a19, double a20, double a21, double a22, double a23, double a24, double a25, double a26, double a27, double a28, double a29) {
+  sink = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11 + a12 + a13 + a14 + a15 + a16 + a17 + a18 + a19 + a20 + a21 + a22 + a23 + a24 + a25 + a26 + a27 + a28 + a29;
+  return x;
+}
+at::Tensor Struct30(const at::Tensor& x, const Cfg30& c) {
+  sink = c.a0 + c.a1 + c.a2 + c.a3 + c.a4 + c.a5 + c.a6 + c.a7 + c.a8 + c.a9 + c.a10 + c.a11 + c.a12 + c.a13 + c.a14 + c.a15 + c.a16 + c.a17 + c.a18 + c.a19 + c.a20 + c.a21 + c.a22 + c.a23 + c.a24 + c.a25 + c.a26 + c.a27 + c.a28 + c.a29;
+  return x;
+}
+
 // --- a backward: opforge's struct form vs a hand-written Function ------------
 
 struct Lin {
@@ -144,10 +186,26 @@ std::vector<double> TimeCpp(int64_t calls, int64_t repeats) {
 
 }  // namespace opforge_bench
 
+// The flat ops as a kernel library writes them with TORCH_LIBRARY: a schema,
+// then a CPU kernel (so torch's autograd fallback runs, as opforge's
+// no-backward kernel does for the struct ops).
 TORCH_LIBRARY_FRAGMENT(opforge_bench, m) {
-  m.def("flat(Tensor x, Tensor y, float scale, bool causal, int k) -> Tensor", &opforge_bench::Flat);
-  m.def("affine_flat(Tensor x, Tensor w, Tensor b, float scale) -> Tensor");
+  m.def("flat(Tensor x, Tensor y, float scale, bool causal, int k) -> Tensor");
+  m.def("flat1(Tensor x, float a0) -> Tensor");
+  m.def("flat5(Tensor x, float a0, float a1, float a2, float a3, float a4) -> Tensor");
+  m.def("flat30(Tensor x, float a0, float a1, float a2, float a3, float a4, float a5, float a6, float a7, float a8, float a9, float a10, float a11, float a12, float a13, float a14, float a15, float a16, float a17, float a18, float a19, float a20, float a21, float a22, float a23, float a24, float a25, float a26, float a27, float a28, float a29) -> Tensor");
   m.def("time_cpp(int calls, int repeats) -> float[]", &opforge_bench::TimeCpp);
+}
+
+TORCH_LIBRARY_IMPL(opforge_bench, CPU, m) {
+  m.impl("flat", &opforge_bench::Flat);
+  m.impl("flat1", &opforge_bench::Flat1);
+  m.impl("flat5", &opforge_bench::Flat5);
+  m.impl("flat30", &opforge_bench::Flat30);
+}
+
+TORCH_LIBRARY_FRAGMENT(opforge_bench, m) {
+  m.def("affine_flat(Tensor x, Tensor w, Tensor b, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(opforge_bench, CompositeExplicitAutograd, m) {
@@ -159,7 +217,15 @@ TORCH_LIBRARY_IMPL(opforge_bench, Autograd, m) {
 }
 
 OPFORGE_LIBRARY(opforge_bench, m) {
-  m.def("structured(Tensor x, Tensor y, opforge_bench.Cfg cfg) -> Tensor", &opforge_bench::Structured);
+  m.def("structured(Tensor x, Tensor y, opforge_bench.Cfg cfg) -> Tensor");
+  m.impl("structured", c10::kCPU, &opforge_bench::Structured);
+  m.def("struct1(Tensor x, opforge_bench.Cfg1 cfg) -> Tensor");
+  m.impl("struct1", c10::kCPU, &opforge_bench::Struct1);
+  m.def("struct5(Tensor x, opforge_bench.Cfg5 cfg) -> Tensor");
+  m.impl("struct5", c10::kCPU, &opforge_bench::Struct5);
+  m.def("struct30(Tensor x, opforge_bench.Cfg30 cfg) -> Tensor");
+  m.impl("struct30", c10::kCPU, &opforge_bench::Struct30);
+
   m.def("affine(Tensor x, opforge_bench.Lin lin) -> Tensor", &opforge_bench::Affine)
       .autograd<opforge_bench::AffineGrad>();
 }

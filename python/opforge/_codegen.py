@@ -34,13 +34,9 @@ from typing import Any, Callable
 import torch
 
 from . import handles
-from ._types import ENUMS, STRUCTS, TypeInfo
+from ._types import ENUMS, STRUCTS, TypeInfo, Where
 
 EMPTY = inspect.Parameter.empty
-
-# Flat leaf types whose values can key a cache of rebuilt frozen structs.
-_HASHABLE_LEAF = ("SymInt", "int", "float", "bool", "str", "ScalarType", "Device", "Layout", "MemoryFormat")
-
 
 class GradientCountError(RuntimeError, ValueError):
     """A backward returned more or fewer gradients than the op has
@@ -52,6 +48,26 @@ class GradientTypeError(RuntimeError, TypeError):
     """A backward returned something other than a Tensor or None where a
     tensor's gradient goes. A RuntimeError, as torch.autograd raises for
     this, and a TypeError."""
+
+
+_GRADIENT_COUNT = "backward returned {returned} gradient(s) but the op has {expected} parameter(s) ({names})"
+
+
+def gradients_per_parameter(op: str, grads, names: list[str], said: str = _GRADIENT_COUNT) -> tuple:
+    """What a backward returned, as one gradient per parameter: a bare
+    gradient is a 1-tuple, another count a GradientCountError whose first
+    words are `said` (a front end may use its own), then the fix:
+
+        gradients_per_parameter("ns::f", g, ["x"])       -> (g,)
+        gradients_per_parameter("ns::f", (g, g), ["x"])  -> GradientCountError: ns::f: backward returned 2
+            gradient(s) but the op has 1 parameter(s) (x); return one per parameter, None where there is none.
+    """
+    if not isinstance(grads, tuple):
+        grads = (grads,)
+    if len(grads) != len(names):
+        first = said.format(returned=len(grads), expected=len(names), names=", ".join(names))
+        raise GradientCountError(f"{op}: {first}; return one per parameter, None where there is none.")
+    return grads
 
 
 @dataclass
@@ -74,6 +90,7 @@ class Leaf:
     handle: str
     is_presence: bool
     mutated: bool
+    cacheable: bool  # its values may key the reuse of a rebuilt struct (the boundary's rule)
 
 
 @dataclass
@@ -85,7 +102,7 @@ class Site:
     expr: str
     value: str
     type: TypeInfo
-    where: str
+    where: Where
     guarded: bool
 
 
@@ -308,11 +325,11 @@ class Builder:
         found = self._sites.get(p.name)
         if found is None:
             found = []
-            self._walk(p.node, p.type, self.var(p), [], f"parameter '{p.name}'", found, p.name)
+            self._walk(p.node, p.type, self.var(p), [], Where.parameter(p.name), found)
             self._sites[p.name] = found
         return found
 
-    def _walk(self, node, t: TypeInfo, expr: str, guards: list[str], where: str, out: list[Site], pname: str):
+    def _walk(self, node, t: TypeInfo, expr: str, guards: list[str], where: Where, out: list[Site]):
         if node.is_leaf:
             value = expr
             for g in reversed(guards):
@@ -320,11 +337,9 @@ class Builder:
             out.append(Site(node.leaf_index, expr, value, t, where, bool(guards)))
             return
         guards = guards + [expr] if node.optional else guards
-        qual = t.py.__qualname__
         for child in node.children:
             name = child.name
-            self._walk(child, t.fields[name], f"{expr}.{name}", guards,
-                       f"parameter '{pname}', field {qual}.{name}", out, pname)
+            self._walk(child, t.fields[name], f"{expr}.{name}", guards, where.at_field(t.py, name), out)
 
     # --- validation ---------------------------------------------------------
 
@@ -338,7 +353,7 @@ class Builder:
                 if leaf.enum is None:
                     continue
                 cls = self.const("E", leaf.enum)
-                to_member = self.const("to_member", _make_to_member(self.op_name, f"parameter '{p.name}'", leaf.enum))
+                to_member = self.const("to_member", _make_to_member(self.op_name, Where.parameter(p.name), leaf.enum))
                 if p.type.kind == "list":
                     conv = f"[_e if type(_e) is {cls} else {to_member}(_e) for _e in {var}]"
                     w.line(f"{var} = {conv}" if not p.type.optional else f"if {var} is not None: {var} = {conv}")
@@ -396,10 +411,10 @@ class Builder:
         """Lines that compute every leaf; returns one expression per leaf."""
         out: dict[int, str] = {}
         for p in self.params:
-            self._flatten_node(w, p.node, self.var(p), p.type, out, f"parameter '{p.name}'", top=True)
+            self._flatten_node(w, p.node, self.var(p), p.type, out, Where.parameter(p.name), top=True)
         return [out[i] for i in range(len(self.leaves))]
 
-    def _flatten_node(self, w: _Writer, node: tuple, expr: str, t: TypeInfo, out: dict[int, str], where: str,
+    def _flatten_node(self, w: _Writer, node: tuple, expr: str, t: TypeInfo, out: dict[int, str], where: Where,
                       top: bool = False):
         if node.is_leaf:
             index = node.leaf_index
@@ -422,7 +437,6 @@ class Builder:
         var = expr if top else self.tmp("s")
         if not top:
             w.line(f"{var} = {expr}")
-        qual = t.py.__qualname__
         if optional:
             w.line(f"if {var} is None:")
             with w.block():
@@ -431,18 +445,17 @@ class Builder:
             w.line("else:")
             with w.block():
                 w.line(f"_l{presence} = True")
-                self._flatten_children(w, children, var, t, where, qual)
+                self._flatten_children(w, children, var, t, where)
         else:
-            self._flatten_children(w, children, var, t, where, qual)
+            self._flatten_children(w, children, var, t, where)
         for i in _leaf_indices(node):
             out[i] = f"_l{i}"
 
-    def _flatten_children(self, w: _Writer, children, var: str, t: TypeInfo, where: str, qual: str):
-        pname = where.split(",")[0]
+    def _flatten_children(self, w: _Writer, children, var: str, t: TypeInfo, where: Where):
         for child in children:
             sub: dict[int, str] = {}
             self._flatten_node(w, child, f"{var}.{child.name}", t.fields[child.name], sub,
-                               f"{pname}, field {qual}.{child.name}")
+                               where.at_field(t.py, child.name))
             for i, e in sub.items():
                 if e != f"_l{i}":
                     w.line(f"_l{i} = {e}")
@@ -450,7 +463,7 @@ class Builder:
     # --- rebuild: leaves -> original arguments -----------------------------
 
     def rebuild_node(self, node: tuple, t: TypeInfo, leaf_expr: Callable[[int], str], fake: bool = False,
-                     where: str = "", output: bool = False, cache: bool = False) -> str:
+                     where: Where = Where.RETURN, output: bool = False, cache: bool = False) -> str:
         """An expression for the original value of `node` from leaf
         expressions. `output`: the leaves are the op's flat returns. `cache`:
         reuse struct instances (real kernels only: fake kernels and traced
@@ -477,11 +490,10 @@ class Builder:
         optional, presence, children = node.optional, node.presence_index, node.children
         info = STRUCTS[t.py]
         cls = self.const("S", t.py)
-        pname = where.split(",")[0]
         kwargs = []
         for child in children:
             sub = self.rebuild_node(child, t.fields[child.name], leaf_expr, fake,
-                                    f"{pname}, field {t.py.__qualname__}.{child.name}", output, cache)
+                                    where.at_field(t.py, child.name), output, cache)
             kwargs.append(f"{child.name}={sub}")
         construct = f"{cls}({', '.join(kwargs)})"
         indices = [i for i in _leaf_indices(node) if not self.leaves[i].is_presence] if cache else []
@@ -507,7 +519,7 @@ class Builder:
             return flat_var
         single = self.num_flat_returns == 1
         item = (lambda i: flat_var) if single else (lambda i: f"{flat_var}[{i}]")
-        parts = [self.rebuild_node(n, rt, item, where="return value", output=True)
+        parts = [self.rebuild_node(n, rt, item, where=Where.RETURN, output=True)
                  for n, rt in zip(self.return_nodes, self.return_types)]
         return parts[0] if len(self.return_nodes) == 1 else f"({', '.join(parts)},)"
 
@@ -551,19 +563,45 @@ class Builder:
         w.line(f"def _call(_self, {self.original_signature()}):")
         with w.block():
             self.emit_validation(w)
-            checks = []
+            checks, missing = [], []
             for p in self.params:
-                if not p.node.is_leaf and not self.duck_structs:
+                if p.node.is_leaf:
+                    continue
+                if not self.duck_structs:
                     cls = self.const("S", p.type.py)
                     check = f"isinstance({self.var(p)}, {cls})"
                     checks.append(f"({self.var(p)} is None or {check})" if p.node.optional else check)
-            if checks:
-                w.line(f"if not ({' and '.join(checks)}):")
+                missing.extend(self._missing_fields(p.node, p.type, self.var(p), False))
+            if checks or missing:
+                bad = [f"not ({' and '.join(checks)})"] if checks else []
+                w.line(f"if {' or '.join(bad + missing)}:")
                 with w.block():
                     w.line(f"_convert({self.original_call_args([self.var(p) for p in self.params])})  # raises")
             exprs = self.emit_flatten(w)
             w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
         return w.text()
+
+    def _missing_fields(self, node, t: TypeInfo, expr: str, in_optional: bool) -> list[str]:
+        """Conditions that hold when a required field of the struct `expr` is
+        None inside an Optional struct. The flat leaves there all take None
+        (for an absent struct), so the dispatcher would let it through:
+        `cfg: Optional[Cfg]` -> ['(cfg is not None and (cfg.scale is None))']."""
+        if node.optional and not in_optional:
+            inner = self._missing_fields(node, t, expr, True)
+            return [f"({expr} is not None and ({' or '.join(inner)}))"] if inner else []
+        conds = []
+        for child in node.children:
+            ct, e = t.fields[child.name], f"{expr}.{child.name}"
+            if child.is_leaf:
+                if in_optional and not ct.optional:
+                    conds.append(f"{e} is None")
+            elif child.optional:
+                conds.extend(self._missing_fields(child, ct, e, False))
+            else:
+                if in_optional:
+                    conds.append(f"{e} is None")
+                conds.extend(self._missing_fields(child, ct, e, in_optional))
+        return conds
 
     def _kernel_chunk(self, factory: str, kernel: str, fake: bool) -> str:
         w = _Writer()
@@ -571,7 +609,7 @@ class Builder:
         with w.block():
             w.line(f"def {kernel}({self.flat_signature()}):")
             with w.block():
-                args = [self.rebuild_node(p.node, p.type, lambda i: self.leaves[i].name, fake, f"parameter '{p.name}'",
+                args = [self.rebuild_node(p.node, p.type, lambda i: self.leaves[i].name, fake, Where.parameter(p.name),
                                           cache=not fake)
                         for p in self.params]
                 w.line(f"_o = _check_return(_fn({self.original_call_args(args)}))")
@@ -612,7 +650,7 @@ class Builder:
         w = _Writer()
         w.line("def _rebuild_inputs(_leaves):")
         with w.block():
-            args = [self.rebuild_node(p.node, p.type, lambda i: f"_leaves[{i}]", where=f"parameter '{p.name}'")
+            args = [self.rebuild_node(p.node, p.type, lambda i: f"_leaves[{i}]", where=Where.parameter(p.name))
                     for p in self.params]
             w.line(f"return ({', '.join(args)}{',' if len(args) == 1 else ''})")
         return w.text()
@@ -649,9 +687,7 @@ def _leaf_indices(node) -> list[int]:
 
 
 def _cacheable(info, leaves: list[Leaf]) -> bool:
-    return info.all_scalar and all(
-        leaf.type_text.rstrip("?") in _HASHABLE_LEAF and not leaf.handle for leaf in leaves
-    )
+    return info.all_scalar and all(leaf.cacheable and not leaf.handle for leaf in leaves)
 
 
 def _store(cache: dict, key: tuple, value):
@@ -670,13 +706,13 @@ def _is_tensor_text(text: str) -> bool:
     return text.startswith("Tensor")
 
 
-def _enum_error(op: str, where: str, cls: type, value) -> ValueError:
+def _enum_error(op: str, where: Where, cls: type, value) -> ValueError:
     allowed = ", ".join(f"{cls.__qualname__}.{m.name}" for m in cls)
     return ValueError(f"{op}: {where}: {value!r} is not a member or value of {cls.__qualname__}. "
                       f"Pass one of {allowed}.")
 
 
-def _make_to_member(op: str, where: str, cls: type):
+def _make_to_member(op: str, where: Where, cls: type):
     by_value = ENUMS[cls].by_value
 
     def to_member(value):
@@ -705,7 +741,7 @@ def _make_struct_normalizer(op: str, param: Param):
         changes = {}
         for name, ft in t.fields.items():
             value = getattr(obj, name)
-            where = f"parameter '{param.name}', field {t.py.__qualname__}.{name}"
+            where = Where.parameter(param.name).at_field(t.py, name)
             if value is None:
                 continue
             if ft.kind == "enum":
@@ -723,7 +759,7 @@ def _make_struct_normalizer(op: str, param: Param):
     return lambda obj: normalize(obj, param.type)
 
 
-def _make_bad_literal(op: str, where: str, allowed: tuple):
+def _make_bad_literal(op: str, where: Where, allowed: tuple):
     def bad(value):
         raise ValueError(f"{op}: {where}: {value!r} is not one of the allowed values {list(allowed)!r}.")
 
@@ -750,7 +786,7 @@ def _make_flatten_grads(builder: Builder):
             return
         for child in node.children:
             name = child.name
-            field_where = f"{where.split(',')[0]}, field {t.py.__qualname__}.{name}"
+            field_where = where.at_field(t.py, name)
             if grad is None:
                 sub = None
             elif isinstance(grad, dict):
@@ -775,24 +811,19 @@ def _make_flatten_grads(builder: Builder):
                     f"fields of {t.py.__qualname__}; use its field names."
                 )
 
+    names = [p.name for p in params]
+
     def flatten_grads(grads):
-        if not isinstance(grads, tuple):
-            grads = (grads,)
-        if len(grads) != len(params):
-            names = ", ".join(p.name for p in params)
-            raise GradientCountError(
-                f"{op}: backward returned {len(grads)} gradient(s) but the op has {len(params)} "
-                f"parameter(s) ({names}); return one per parameter, None where there is none."
-            )
+        grads = gradients_per_parameter(op, grads, names)
         out = [None] * len(leaves)
         for (p, index), g in zip(top, grads):
             if g is None:
                 continue
             if index is None:
-                assign(p.node, p.type, g, out, f"parameter '{p.name}'")
+                assign(p.node, p.type, g, out, Where.parameter(p.name))
             else:
                 if not is_tensor[index]:
-                    raise not_a_tensor(g, f"parameter '{p.name}'")
+                    raise not_a_tensor(g, Where.parameter(p.name))
                 out[index] = g
         return out
 

@@ -1,12 +1,16 @@
-"""Ops defined in C++ with OPFORGE_LIBRARY, called from Python with structs.
+"""Ops of C++ kernel libraries (OPFORGE_LIBRARY), called from Python with structs.
 
-    torch.ops.load_library("libmyops.so")
-    Cfg = opforge.structs.mylib.AttnCfg           # a generated frozen dataclass
-    opforge.ops.mylib.attn(q, k, Cfg(scale=0.5))  # -> torch.ops.mylib.attn(q, k, 0.5, True)
+    opforge.load_library("libmyops.so")          # or torch.ops.load_library
+    Cfg = opforge.structs.mylib.NormCfg          # a generated frozen dataclass
+    opforge.ops.mylib.rms_norm(out, x, w, Cfg(eps=1e-5))   # -> torch.ops.mylib.rms_norm(out, x, w, 1e-05, False)
 
-Any object with the struct's fields works in place of the generated class.
-The call goes through the dispatcher (the kernel is C++), with the same
-generated flatten code as `@opforge.op`, so it compiles with fullgraph=True.
+A C++ op seen from Python is an `OpDef` built by the same steps as an
+`@opforge.op` op: the same call boundary (any object with a struct's fields
+works in place of the generated class), the same decorators
+(`register_fake`, `register_autograd`, `register_kernel`, each refusing to
+override what C++ registered), and the same eager fast path, which calls the
+dispatcher from C. Ops of every loaded library are made before torch.compile
+traces, so an op's first call may be inside a compiled region.
 """
 
 from __future__ import annotations
@@ -14,30 +18,17 @@ from __future__ import annotations
 import dataclasses
 import enum
 import keyword
-from typing import Any, Literal, Optional
+import os
+import threading
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import torch
+from torch import _C as _torch_C
 
-from . import _C, _types
-from ._codegen import EMPTY, Builder, Param
-from ._cpp_register import Decorators
+from . import _C, _op, _types
+from ._codegen import EMPTY, Param
 from ._types import EnumInfo, StructInfo, TypeInfo
 
-_SCALARS = {
-    "Tensor": torch.Tensor,
-    "int": int,
-    "SymInt": int,
-    "float": float,
-    "bool": bool,
-    "SymBool": bool,
-    "str": str,
-    "Scalar": float,
-    "ScalarType": torch.dtype,
-    "Device": torch.device,
-    "Layout": torch.layout,
-    "MemoryFormat": torch.memory_format,
-    "Generator": torch.Generator,
-}
 _CODE_TO_DTYPE = {code: getattr(torch, name) for name, code in _types._DTYPE_CODES.items() if hasattr(torch, name)}
 
 _classes: dict[str, type] = {}  # registered struct/enum name -> generated class
@@ -60,7 +51,7 @@ def _enum_class(name: str) -> type:
     cls = _classes.get(name)
     if cls is None:
         members, values = _C.describe_enum(name)
-        cls = enum.Enum(name.split(".")[-1], list(zip(members, values)), module=f"opforge.structs")
+        cls = enum.Enum(name.split(".")[-1], list(zip(members, values)), module="opforge.structs")
         cls.__qualname__ = name
         _classes[name] = cls
         info = EnumInfo(name, cls, {m.value: m for m in cls})
@@ -70,7 +61,10 @@ def _enum_class(name: str) -> type:
 
 
 def struct_class(name: str) -> type:
-    """The generated frozen dataclass for a registered struct."""
+    """The generated frozen dataclass for a registered struct:
+
+        struct_class("mylib.NormCfg")   # <class 'opforge.structs.mylib.NormCfg'>: NormCfg(eps=1e-06, offset=False)
+    """
     cls = _classes.get(name)
     if cls is not None:
         return cls
@@ -117,7 +111,7 @@ def _annotation(info: TypeInfo) -> Any:
     elif info.kind == "literal":
         ann = Literal[info.allowed]
     else:
-        ann = _SCALARS.get(info.text.rstrip("?"), Any)
+        ann = _types.PY_TYPES.get(info.text.rstrip("?"), Any)
     return Optional[ann] if info.optional else ann
 
 
@@ -142,94 +136,264 @@ def _type_info(t: Any) -> TypeInfo:
     return TypeInfo(str(t), "tensor" if t.kind == "Tensor" else "scalar")
 
 
-class CppOp(_C.OpBase, Decorators):
-    """An op defined in C++, callable with its original (struct) signature.
-    Calls enter C like `@opforge.op` ops: the boundary binds and converts the
-    arguments, then the call goes through the dispatcher to the C++ kernel.
-    register_fake / register_autograd / register_kernel come from Decorators."""
+class CppOpDef(_op.OpDef):
+    """An op of a C++ kernel library seen from Python. Its decorators never
+    override what the library registered in C++: each is then an error naming
+    the op and the fix (docs/cpp_ops.md#python-decorators-on-c-ops)."""
 
-    __slots__ = ("name", "overload", "lowered", "model", "boundary", "_code", "__dict__")
+    __slots__ = ()
+
+    def register_fake(self, fn: Callable) -> Callable:
+        _op._check_callable(self.name, "register_fake", fn)
+        state = self._state
+        if state.fake is None:
+            if _has_kernel(self.name, "CompositeImplicitAutograd"):
+                raise RuntimeError(
+                    f"{self.name}: register_fake cannot take effect: the op's C++ kernel is a "
+                    f"CompositeImplicitAutograd kernel, which fake tensors trace through. Register it "
+                    f"per device (m.impl(\"{self.name.split('::')[1]}\", c10::kCPU, &fn)) or as "
+                    f"m.def(schema, &fn), or give the op its fake kernel in C++ with m.fake(...).")
+            if _has_kernel(self.name, "Meta"):
+                raise RuntimeError(f"{self.name}: register_fake: the op already has a fake (Meta) kernel from C++ "
+                                   f"(m.fake(...)). Remove one of the two.")
+            _op._register_fake(self._lib, self.name, _op._lazy_fake_kernel(self._code, _op._fake_dispatch(
+                self.name, state)))
+        state.fake = fn
+        return fn
+
+    def register_autograd(self, backward: Callable, *, setup_context: Callable | None = None) -> None:
+        _op._check_callable(self.name, "backward", backward)
+        if setup_context is not None:
+            _op._check_callable(self.name, "setup_context", setup_context)
+        if not self._has_autograd:
+            info = _C.library_op(self.name) or {}
+            if info.get("has_cpp_autograd") or info.get("has_torch_layer_autograd"):
+                raise RuntimeError(f"{self.name}: register_autograd: the op already has a backward from C++ "
+                                   f"(.autograd<G>()). Remove one of the two.")
+            if any(leaf.mutated for leaf in self.model.leaves):
+                raise RuntimeError(f"{self.name}: register_autograd: the op mutates an argument; a backward is "
+                                   f"only supported for ops that mutate nothing. Return a new tensor instead.")
+            if _has_kernel(self.name, "Autograd") and not _C.drop_no_backward_kernel(self.name):
+                raise RuntimeError(f"{self.name}: register_autograd: the op already has an Autograd kernel from "
+                                   f"C++. Remove one of the two.")
+        _op._install_autograd(self, backward, setup_context)
+
+    def register_kernel(self, device_types: str | Sequence[str], fn: Callable | None = None):
+        def register(fn: Callable) -> Callable:
+            _op._check_callable(self.name, "register_kernel", fn)
+            devices = _op._device_list(self.name, device_types)
+            kernels = self.__dict__.setdefault("_python_kernels", {})  # device -> flat kernel
+            for d in devices:
+                key = _torch_C._dispatch_key_for_device(d)
+                if d not in kernels and _has_kernel(self.name, key):
+                    raise RuntimeError(f"{self.name}: register_kernel: the op already has a {key} kernel from "
+                                       f"C++. Register the Python kernel for another device, or drop the C++ one.")
+            kernel = self._code.make_kernel(fn)
+            for d in devices:
+                if d not in kernels:
+                    # Registered once per device; registering again swaps the function.
+                    self._lib.impl(self.name.split("::")[1], _trampoline(kernels, d),
+                                   _torch_C._dispatch_key_for_device(d))
+                kernels[d] = kernel
+                self._set_kernel(d, fn)
+            return fn
+
+        return register if fn is None else register(fn)
 
     @property
-    def schema(self) -> str:
-        return str(self.overload._schema)
-
-    @property
-    def spec(self) -> str:
-        return str(self.lowered.original)
-
-    def flatten(self, *args, **kwargs):
-        return self._code.flatten_call(*args, **kwargs)
+    def library(self) -> str:
+        """The shared library that defined the op."""
+        return (_C.library_op(self.name) or {}).get("library", "")
 
     def __repr__(self) -> str:
         return f"<opforge C++ op {self.name}: {self.spec}>"
 
 
-def _make_op(name: str) -> CppOp:
-    from . import _op
+def _trampoline(kernels: dict, device: str) -> Callable:
+    def kernel(*args, **kwargs):
+        return kernels[device](*args, **kwargs)
 
-    lowered = _C.op_spec(name)
-    if lowered is None:
-        raise AttributeError(f"opforge.ops: {name} was not defined with OPFORGE_LIBRARY (or is not loaded). "
-                             f"Load its library with torch.ops.load_library first.")
-    ns, opname = name.split("::")
-    overload = getattr(getattr(torch.ops, ns), opname).default
+    return kernel
+
+
+def _has_kernel(name: str, key: str) -> bool:
+    return _torch_C._dispatch_has_kernel_for_dispatch_key(name, key)
+
+
+def _signature(name: str, lowered) -> _op.Signature:
+    """The original signature of a C++ op, as `_read_signature` reads a Python one."""
     params = []
     for arg in lowered.original.arguments:
         info = _type_info(arg.type)
         default = _python_value(arg.default_value, arg.type) if arg.has_default else EMPTY
         if arg.has_default and info.kind == "struct" and isinstance(default, dict):
             default = info.py(**default)
-        params.append(Param(_py_name(arg.name), arg.kwarg_only, default, info, None))
-    ret_types = [_type_info(r.type) for r in lowered.original.returns]
+        if keyword.iskeyword(arg.name):
+            raise TypeError(f"{name}: parameter {arg.name!r} is a Python keyword, so the op cannot be called "
+                            f"from Python by name. Rename it in the schema.")
+        params.append(Param(arg.name, arg.kwarg_only, default, info, None))
+    return _op.Signature(params, [_type_info(r.type) for r in lowered.original.returns], lowered.definable_spec)
+
+
+def define(name: str) -> CppOpDef:
+    """The OpDef of C++ op `name`, by the steps `_op.define` takes for a
+    Python op, less those C++ did (the schema and its kernels)."""
+    lowered = _C.op_spec(name)
+    if lowered is None or _C.library_op(name) is None:
+        raise AttributeError(_missing(name))
+    ns, opname = name.split("::")
+    overload = getattr(getattr(torch.ops, ns), opname).default
+    sig = _signature(name, lowered)
     model = _op.OpModel.of(lowered)
-    sig = _op.Signature(params, ret_types, str(lowered.original))
-    # Any object with a struct's fields is accepted; handles are C++ handles,
-    # passed as ints.
     boundary = _op._make_boundary(name, sig, model, duck_structs=True, handles_as_ints=True)
-    for p, node in zip(params, model.params):
-        p.node = node
-    leaves = _op._leaves(model, boundary)
-    for leaf in leaves:
-        leaf.handle = ""  # see _type_info: handles stay ints
-    builder = Builder(name, params, leaves, list(model.returns), ret_types, len(model.return_types),
-                      duck_structs=True)
-    code = builder.build(overload, boundary)
-    cls = type(f"CppOp[{name}]", (CppOp,), {"__call__": code.call, "__slots__": ()})
-    _C.install_fast_call(cls)
-    op = cls.__new__(cls)
-    op.name = name
-    op.overload = overload
-    op.lowered = lowered
-    op.model = model
-    op.boundary = boundary
-    op._code = code
-    op._bind(boundary, None, {}, code.dispatch, None, cls.__call__, False)
-    return op
+    state = _op._State(fn=None, fake=None, backward=None, setup_context=None,
+                       has_tensor_returns=len(model.return_types) > 0)
+    # Python registrations (register_fake, ...) go to a fragment of their own.
+    lib = torch.library.Library(ns, "FRAGMENT")
+    opdef = _op._new_opdef(name, None, sig, model, boundary, overload, state, lib, None, base=CppOpDef,
+                           duck_structs=True)
+    opdef._bind(boundary, None, {}, opdef._code.dispatch, None, type(opdef).__call__, False)
+    leaf_returns = all(node.is_leaf for node in model.returns)
+    opdef._set_dispatcher_op(name, None if leaf_returns else opdef._code.rebuild_output)
+    return opdef
 
 
-def _py_name(name: str) -> str:
-    if keyword.iskeyword(name):
-        raise TypeError(f"a parameter named {name!r} cannot be used from Python.")
-    return name
+def _missing(name: str) -> str:
+    ns = name.split("::")[0]
+    failed = [message for _library, message in _C.load_errors() if f"({ns})" in message or f"{ns}::" in message]
+    if failed:
+        return f"opforge.ops: {name} is not registered because its library failed to load: {failed[-1]}"
+    return (f"opforge.ops: {name} was not defined with OPFORGE_LIBRARY (or its library is not loaded). "
+            f"Load it with opforge.load_library(path) first.")
+
+
+_lock = threading.RLock()
+_made: dict[str, CppOpDef] = {}
+_seen_generation = -1
+
+
+def refresh() -> None:
+    """Makes the OpDefs of every C++ op loaded since the last call. Runs
+    before torch.compile traces (so `opforge.ops.ns.op` needs no work under
+    tracing), after opforge.load_library, and on a miss in `opforge.ops`."""
+    global _seen_generation
+    generation = _C.library_generation()
+    if generation == _seen_generation:
+        return
+    namespaces: set[str] = set()
+    with _lock:
+        for name in _C.op_spec_names():
+            if name not in _made and _C.library_op(name) is not None:
+                try:
+                    op = _made[name] = define(name)
+                except Exception:  # noqa: BLE001 - reported when the op is used, with its message
+                    continue
+                # Plain attributes: Dynamo reads them without calling __getattr__.
+                ns, opname = name.split("::")
+                ops.space(ns).__dict__.setdefault(opname, op)
+                namespaces.add(ns)
+        for ns in namespaces:
+            space = structs.space(ns)
+            for short in {t.split(".")[-1] for t in _types_used_by(ns)}:
+                if short not in space.__dict__:
+                    space.__dict__[short] = _find_class(ns, short)
+        _seen_generation = generation
+    from . import symm_mem
+
+    symm_mem.sync()
+
+
+def load_library(path: str | os.PathLike) -> None:
+    """Loads a C++ kernel library (as torch.ops.load_library does) and raises
+    if one of its OPFORGE_LIBRARY blocks could not be registered:
+
+        opforge.load_library("build/libkernels.so")
+        # RuntimeError: libkernels.so: OPFORGE_LIBRARY(kernels) at ops.cc:40: kernels::rms_norm: ... Nothing of this block was registered.
+    """
+    path = os.fspath(path)
+    before = len(_C.load_errors())
+    torch.ops.load_library(path)
+    errors = [message for _library, message in _C.load_errors()[before:]]
+    refresh()
+    if errors:
+        raise RuntimeError("\n".join(errors))
+
+
+def _line(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def check_library(name: str, *, opforge_version: str, abi_version: int, torch_version: str, stable: bool,
+                  torch_target_version: str = "") -> None:
+    """Raises ImportError, in one sentence naming both versions, when a C++
+    kernel library built with these versions cannot load here. A library's
+    package calls it before loading its .so (examples/kernel_library):
+
+        check_library("kernels", opforge_version="0.2.0", abi_version=1, torch_version="2.13.0", stable=False)
+        # ImportError: kernels was built against opforge 0.2.0 but opforge 0.1.0 is installed; ...
+    """
+    from . import __version__
+
+    running = torch.__version__
+    if stable:
+        have = _C.abi_version()
+        if int(abi_version) > have:
+            raise ImportError(f"{name} was built against opforge {opforge_version}, whose C ABI version is "
+                              f"{abi_version}, but opforge {__version__} serves versions up to {have}; install "
+                              f"opforge>={opforge_version}.")
+        if torch_target_version and _line(running) < _line(torch_target_version):
+            raise ImportError(f"{name} is built on torch's stable ABI for torch {torch_target_version} and later, "
+                              f"but torch {running} is installed; install torch>={torch_target_version}.")
+        return
+    if opforge_version != __version__:
+        raise ImportError(f"{name} was built against opforge {opforge_version} but opforge {__version__} is "
+                          f"installed; install opforge=={opforge_version}, or rebuild {name} against this opforge "
+                          f"(pip install --no-build-isolation --no-deps --force-reinstall <its source>), or build it "
+                          f"on the stable ABI, which loads with later opforge releases (docs/stable_abi.md).")
+    if _line(torch_version) != _line(running):
+        raise ImportError(f"{name} was built against torch {torch_version} but torch {running} is installed; "
+                          f"install a torch {'.'.join(map(str, _line(torch_version)))}.x, or rebuild {name} for "
+                          f"this torch, or build it on the stable ABI (docs/stable_abi.md).")
+
+
+def load_errors() -> list[str]:
+    """The messages of every C++ library block that could not be registered."""
+    return [message for _library, message in _C.load_errors()]
+
+
+def _on_compile_start(*_args) -> None:
+    refresh()
+
+
+def _install_compile_hook() -> None:
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return
+    callback_handler.register_start_callback(_on_compile_start)
 
 
 class _Namespace:
     def __init__(self, ns: str, kind: str):
         self._ns = ns
         self._kind = kind
-        self._cache: dict[str, Any] = {}
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
             raise AttributeError(name)
-        value = self._cache.get(name)
-        if value is None:
-            if self._kind == "ops":
-                value = _make_op(f"{self._ns}::{name}")
-            else:
-                value = _find_class(self._ns, name)
-            self._cache[name] = value
+        if self._kind == "ops":
+            qualified = f"{self._ns}::{name}"
+            op = _made.get(qualified)
+            if op is None:
+                refresh()
+                op = _made.get(qualified)
+                if op is None:
+                    op = _made[qualified] = define(qualified)  # raises the reason
+            value = op
+        else:
+            value = _find_class(self._ns, name)
+        self.__dict__[name] = value
         return value
 
     def __dir__(self):
@@ -263,10 +427,11 @@ def _types_used_by(ns: str) -> set[str]:
 
 
 def _find_class(ns: str, name: str) -> type:
-    """`opforge.structs.<ns>.<name>`: a type the namespace's ops use whose
-    last name part is `name`, else one registered as `<ns>.<name>` or `name`."""
+    """`opforge.structs.<ns>.<name>`: the type registered as `<ns>.<name>`
+    (a C++ library's own types), else one the namespace's ops use whose last
+    name part is `name`, else one registered as `name`."""
     used = sorted(n for n in _types_used_by(ns) if n.split(".")[-1] == name)
-    for candidate in (*used, f"{ns}.{name}", name):
+    for candidate in (f"{ns}.{name}", *used, name):
         if _C.describe_struct(candidate) is not None:
             return struct_class(candidate)
         if _C.describe_enum(candidate) is not None:
@@ -278,14 +443,16 @@ def _find_class(ns: str, name: str) -> type:
 class _Root:
     def __init__(self, kind: str):
         self._kind = kind
-        self._namespaces: dict[str, _Namespace] = {}
 
     def __getattr__(self, ns: str) -> _Namespace:
         if ns.startswith("__"):
             raise AttributeError(ns)
-        space = self._namespaces.get(ns)
+        return self.space(ns)
+
+    def space(self, ns: str) -> _Namespace:
+        space = self.__dict__.get(ns)
         if space is None:
-            space = self._namespaces[ns] = _Namespace(ns, self._kind)
+            space = self.__dict__[ns] = _Namespace(ns, self._kind)
         return space
 
     def __repr__(self):
@@ -294,3 +461,4 @@ class _Root:
 
 ops = _Root("ops")
 structs = _Root("structs")
+_install_compile_hook()

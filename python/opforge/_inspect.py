@@ -133,7 +133,9 @@ def describe(op: "_op.OpDef", source: bool = False) -> str:
     else:
         autograd = "no backward: differentiating through it is an error"
     lines.append(f"  autograd   {autograd}")
-    if state.fake is not None:
+    if state.fake is not None and state.fake is state.traced_body:
+        fake = "the traced body (a Triton op: fake tensors run the body, the kernels stay unlaunched)"
+    elif state.fake is not None:
         fake = "registered"
     elif model.return_types:
         fake = "none (torch.compile and fake tensors need one)"
@@ -151,11 +153,13 @@ def _triton_line(op: "_op.OpDef") -> str:
     """`add_kernel (forward); add_backward_kernel (backward)`, or why there are none."""
     kernels = op.triton_kernels
     if not kernels:
+        if _triton_op_without_kernels_yet(op.name):
+            return "a Triton op whose kernels are found when it is traced: none traced yet"
         return "no Triton kernels: Inductor calls the op as one opaque call"
     from .triton import _kernels
 
     def names(ks) -> str:
-        return ", ".join(f"{_kernels.kernel_name(k)} ({getattr(_kernels._chain(k)[-1], '__module__', '?')})"
+        return ", ".join(f"{_kernels.kernel_name(k)} ({getattr(_kernels.jit_of(k), '__module__', '?')})"
                          for k in ks)
 
     parts = []
@@ -164,6 +168,14 @@ def _triton_line(op: "_op.OpDef") -> str:
     if kernels.backward:
         parts.append(f"backward: {names(kernels.backward)}")
     return "; ".join(parts)
+
+
+def _triton_op_without_kernels_yet(name: str) -> bool:
+    try:
+        from .triton import _ops
+    except ImportError:
+        return False
+    return _ops.triton_op_kernels(name) is not None
 
 
 def describe_torch_op(name: str) -> str:

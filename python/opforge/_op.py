@@ -26,7 +26,7 @@ from torch import _C as _torch_C
 
 from . import _C, _types, handles
 from ._codegen import EMPTY, Builder, Leaf, OpCode, Param
-from ._types import Registrations, Resolver, TypeInfo
+from ._types import Problem, Registrations, Resolver, SignatureError, TypeInfo, Where
 
 _REGISTERED: dict[str, "OpDef"] = {}
 _AFTER_ADINPLACE = _torch_C._after_ADInplaceOrView_keyset
@@ -81,11 +81,13 @@ class OpDef(_C.OpBase):
     @property
     def triton_kernels(self) -> tuple:
         """The Triton kernels the op launches, forward's first (`.forward`,
-        `.backward` say which is which); empty for an opaque op. See docs/triton.md."""
+        `.backward` say which is which); empty for an opaque op. Kernels a
+        library builds at run time are listed once the op has been traced.
+        See docs/triton.md."""
         module = _triton_module()
         if module is None:
             return ()
-        return module.kernels_of(self.name, self.__dict__.get("_triton", ("off", (), (), False))[3])
+        return module.kernels_of(self.name)
 
     def flatten(self, *args, **kwargs) -> tuple[tuple, dict]:
         """The flat arguments the dispatcher sees for this call."""
@@ -93,6 +95,18 @@ class OpDef(_C.OpBase):
 
     def __repr__(self) -> str:
         return f"<opforge.OpDef {self.name}: {self.spec}>"
+
+
+@dataclass(frozen=True)
+class TritonOptions:
+    """The decorator's Triton arguments, which `register_autograd` reuses."""
+
+    mode: str = "off"  # 'auto', 'off' or 'force'
+    extra_kernels: tuple = ()
+    mutates_args: tuple = ()
+
+
+_NO_TRITON = TritonOptions()
 
 
 @dataclass
@@ -104,6 +118,7 @@ class _State:
     backward: Callable | None
     setup_context: Callable | None
     has_tensor_returns: bool
+    traced_body: Callable | None = None  # a Triton op's traceable body, its fake unless one is registered
 
 
 @dataclass(frozen=True)
@@ -206,9 +221,10 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             symm_mem.declare(name, model.lowered, symm_mem_args, lib=lib, stacklevel=4)
             symm_mem_declared = True
         state = _State(fn=body, fake=fake, backward=backward, setup_context=setup_context,
-                       has_tensor_returns=len(model.return_types) > 0)
+                       has_tensor_returns=len(model.return_types) > 0,
+                       traced_body=plan.traced_body if plan is not None else None)
         opdef = _new_opdef(name, fn, sig, model, boundary, overload, state, lib, devices)
-        opdef.__dict__["_triton"] = (triton, extra_triton_kernels, mutates_args, plan is not None)
+        opdef.__dict__["_triton"] = TritonOptions(triton, extra_triton_kernels, mutates_args)
         _register_kernels(opdef, body, devices)
         if plan is not None:
             _install_triton_decomposition(opdef, plan)
@@ -219,11 +235,15 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             _install_autograd(opdef, backward, setup_context)
         else:
             opdef._registrations["Autograd"] = _C.register_no_backward_kernel(name, _no_backward_message(name, fn))
+        if plan is not None:
+            _triton_module().record_forward(name, plan.kernels)
         _REGISTERED[name] = opdef
         return opdef
     except BaseException:
         if opdef is not None:
             opdef._registrations.clear()
+        if _TRITON and _TRITON[0] is not None:
+            _TRITON[0].forget(name)
         if symm_mem_declared:
             from . import symm_mem
 
@@ -343,24 +363,32 @@ def _leaves(model: OpModel, boundary) -> list[Leaf]:
     Python kernel receives from torch for an argument the caller left out."""
     defaults = boundary.flat_defaults()
     out = []
-    for leaf, default in zip(model.leaves, defaults):
+    for leaf, default, cacheable in zip(model.leaves, defaults, boundary.cacheable_leaves()):
         enum_cls = _types.ENUMS_BY_NAME[leaf.enum_name].cls if leaf.enum_name else None
         out.append(Leaf(leaf.name, leaf.type, leaf.kwarg_only, EMPTY if default is None else default[0],
                         tuple(leaf.allowed) if leaf.allowed else (), enum_cls, leaf.handle_type, leaf.is_presence,
-                        leaf.mutated))
+                        leaf.mutated, cacheable))
     return out
 
 
 def _new_opdef(name, fn, sig: Signature, model: OpModel, boundary, overload, state: _State, lib,
-               devices) -> OpDef:
+               devices, *, base: type | None = None, duck_structs: bool = False) -> OpDef:
     """The OpDef, all its state set here. Its class is made per op, so that
-    `__call__` has the op's own signature (which Dynamo traces)."""
+    `__call__` has the op's own signature (which Dynamo traces). C++ ops
+    (`base` CppOpDef) take any object with a struct's fields, and their
+    handles stay ints (C++ runners live in the C++ handle table)."""
+    base = base or OpDef
     for p, node in zip(sig.params, model.params):
         p.node = node
     leaves = _leaves(model, boundary)
-    builder = Builder(name, sig.params, leaves, list(model.returns), sig.return_types, len(model.return_types))
+    if duck_structs:
+        for leaf in leaves:
+            leaf.handle = ""
+    builder = Builder(name, sig.params, leaves, list(model.returns), sig.return_types, len(model.return_types),
+                      duck_structs=duck_structs)
     code = builder.build(overload, boundary)
-    cls = type(f"OpDef[{name}]", (OpDef,), {"__call__": code.call, "__slots__": (), "__doc__": fn.__doc__})
+    cls = type(f"{base.__name__}[{name}]", (base,),
+               {"__call__": code.call, "__slots__": (), "__doc__": getattr(fn, "__doc__", None)})
     _C.install_fast_call(cls)
     opdef = cls.__new__(cls)
     opdef.name = name
@@ -376,7 +404,7 @@ def _new_opdef(name, fn, sig: Signature, model: OpModel, boundary, overload, sta
     opdef._device_kernels = devices is not None
     opdef.__wrapped__ = fn
     opdef.__dict__.update(
-        __name__=getattr(fn, "__name__", name), __qualname__=getattr(fn, "__qualname__", name),
+        __name__=getattr(fn, "__name__", name.split("::")[1]), __qualname__=getattr(fn, "__qualname__", name),
         __module__=getattr(fn, "__module__", None),
     )
     return opdef
@@ -435,12 +463,12 @@ def _triton_plan(name: str, fn: Callable, mode: str, extra_kernels, mutates_args
 def _triton_autograd(opdef: "OpDef", backward: Callable, setup_context: Callable | None) -> tuple:
     """backward and setup_context with their Triton launches made traceable
     (docs/triton.md): unchanged eagerly, traced copies under AOTAutograd."""
-    mode, extras, mutates_args, _planned = opdef.__dict__.get("_triton", ("off", (), (), False))
-    module = _triton_module() if mode != "off" else None
+    options = opdef.__dict__.get("_triton", _NO_TRITON)
+    module = _triton_module() if options.mode != "off" else None
     if module is None:
         return backward, setup_context
-    return module.autograd(opdef.name, opdef.__wrapped__, backward, setup_context, mode=mode,
-                           extra_kernels=extras, mutates_args=mutates_args)
+    return module.autograd(opdef.name, opdef.__wrapped__, backward, setup_context, mode=options.mode,
+                           extra_kernels=options.extra_kernels, mutates_args=options.mutates_args)
 
 
 def _fake_register_takes_lib() -> bool:
@@ -596,7 +624,7 @@ def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Sig
     texts: list[str] = []
     saw_kw = False
     for pname, kind, default, ann in sig_params:
-        where = f"parameter '{pname}'"
+        where = Where.parameter(pname)
         if kind is _KINDS.VAR_POSITIONAL or kind is _KINDS.VAR_KEYWORD:
             star = "*" if kind is _KINDS.VAR_POSITIONAL else "**"
             raise TypeError(f"{name}: parameter '{star}{pname}': variadic parameters cannot be op "
@@ -605,8 +633,8 @@ def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Sig
             raise TypeError(f"{name}: {where}: positional-only parameters are not supported. "
                             f"Remove the '/' from the signature.")
         if ann is empty:
-            raise TypeError(f"{name}: {where}: missing type annotation. Annotate it, e.g. "
-                            f"'{pname}: torch.Tensor'.")
+            raise SignatureError(name, where, Problem.NO_ANNOTATION, "missing type annotation.", "",
+                                 f"Annotate it, e.g. '{pname}: torch.Tensor'.")
         t = resolver.resolve(ann, where)
         text = f"{t.text} {pname}"
         if default is not empty:
@@ -620,14 +648,14 @@ def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Sig
         texts.append(text)
         params.append(Param(pname, kw, default, t, ()))
     if ret_ann is empty:
-        raise TypeError(f"{name}: return value: missing annotation. Add one, e.g. '-> torch.Tensor' "
-                        f"or '-> None'.")
+        raise SignatureError(name, Where.RETURN, Problem.NO_ANNOTATION, "missing annotation.", "",
+                             "Add one, e.g. '-> torch.Tensor' or '-> None'.")
     ret_text, ret_types = _return_spec(name, resolver, ret_ann)
     return Signature(params, ret_types, f"{name}({', '.join(texts)}) -> {ret_text}")
 
 
 def _return_spec(name: str, resolver: Resolver, ann) -> tuple[str, list]:
-    where = "return value"
+    where = Where.RETURN
     ann = resolver.evaluate(ann, where)
     if ann is None or ann is type(None):
         return "()", []
@@ -644,7 +672,7 @@ def _return_spec(name: str, resolver: Resolver, ann) -> tuple[str, list]:
 
 def _return_item(name: str, resolver: Resolver, ann) -> TypeInfo:
     # Which types may be returned is the core's rule (lowering checks it).
-    return resolver.resolve(ann, "return value")
+    return resolver.resolve(ann, Where.RETURN)
 
 
 def _fake_dispatch(name: str, state: _State) -> Callable:
@@ -713,8 +741,8 @@ def _install_autograd(opdef: OpDef, backward: Callable, setup_context: Callable 
     opdef._registrations["Autograd"] = bridge.register()
     opdef._has_autograd = True
     opdef._set_autograd(bridge)
-    # The direct path runs the default body and bumps no versions.
-    if not any(leaf.mutated for leaf in opdef.model.leaves) and not opdef._device_kernels:
+    # The direct path runs the default Python body (a C++ op has none) and bumps no versions.
+    if not any(leaf.mutated for leaf in opdef.model.leaves) and not opdef._device_kernels and state.fn is not None:
         opdef._set_has_backward(True)
 
 

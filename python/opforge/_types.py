@@ -29,9 +29,31 @@ from . import _C
 
 _NoneType = type(None)
 
-# Where an annotation sits, for error messages: "parameter 'cfg'",
-# "parameter 'cfg', field AttnCfg.scale", "return value".
-Where = str
+
+@dataclass(frozen=True)
+class Where:
+    """Where a value sits in an op's signature, for error messages:
+
+        str(Where.parameter("cfg"))                            # "parameter 'cfg'"
+        str(Where.parameter("cfg").at_field(AttnCfg, "scale"))  # "parameter 'cfg', field AttnCfg.scale"
+        str(Where.RETURN)                                      # "return value"
+    """
+
+    top: str                     # "parameter 'cfg'" or "return value"
+    fields: tuple[str, ...] = ()  # the path to a struct field: ("Outer.inner", "Inner.scale")
+
+    @staticmethod
+    def parameter(name: str) -> "Where":
+        return Where(f"parameter '{name}'")
+
+    def at_field(self, owner: type, name: str) -> "Where":
+        return Where(self.top, (*self.fields, f"{owner.__qualname__}.{name}"))
+
+    def __str__(self) -> str:
+        return "".join((self.top, *(f", field {f}" for f in self.fields)))
+
+
+Where.RETURN = Where("return value")
 
 
 class HandleAnnotation:
@@ -117,7 +139,38 @@ _SIMPLE = {
     torch.types.Number: ("Scalar", "scalar"),
 }
 
+# The other direction, for classes opforge generates (C++ structs seen from
+# Python): schema type text -> the annotation of a field of that type.
+PY_TYPES = {text: py for py, (text, _kind) in _SIMPLE.items()} | {"int": int, "SymBool": bool}
+
 _LIST_ORIGINS = (list, collections.abc.Sequence, collections.abc.MutableSequence)
+
+
+class Problem(enum.Enum):
+    """What a SignatureError is about."""
+
+    NO_ANNOTATION = "no annotation"
+    UNRESOLVED = "unresolved string annotation"
+    TUPLE = "tuple annotation"
+    DICT = "dict annotation"
+
+
+class SignatureError(TypeError):
+    """A decoration-time error about one annotation, its parts named so that
+    a front end can word it its own way (opforge.compat.magi says what
+    MagiCompiler says, then the fix):
+
+        e.op 'mylib::f', e.where Where("parameter 'p'"), e.problem Problem.TUPLE,
+        e.annotation 'tuple[int, int]', e.fix 'Use list[int] instead.'
+    """
+
+    def __init__(self, op: str, where: Where, problem: Problem, what: str, annotation: str, fix: str):
+        super().__init__(f"{op}: {where}: {what} {fix}")
+        self.op = op
+        self.where = where
+        self.problem = problem
+        self.annotation = annotation
+        self.fix = fix
 
 
 def fail(exc: type, op: str, where: Where, what: str, fix: str = "") -> typing.NoReturn:
@@ -167,13 +220,11 @@ class Resolver:
         try:
             return eval(ann, globalns, self.localns)  # noqa: S307
         except Exception as e:  # NameError, SyntaxError, ...
-            fail(
-                TypeError,
-                self.op,
-                where,
-                f"annotation {ann!r} cannot be resolved ({type(e).__name__}: {e}).",
+            raise SignatureError(
+                self.op, where, Problem.UNRESOLVED,
+                f"annotation {ann!r} cannot be resolved ({type(e).__name__}: {e}).", repr(ann),
                 "Make the names it uses importable where the function is defined.",
-            )
+            ) from None
 
     def resolve(self, ann: Any, where: Where, globalns: dict | None = None) -> TypeInfo:
         ann = self.evaluate(ann, where, globalns)
@@ -226,15 +277,11 @@ class Resolver:
         if origin is tuple or ann is tuple:
             args = [a for a in typing.get_args(ann) if a is not Ellipsis]
             hint = f"list[{_type_name(args[0])}]" if args else "list[...]"
-            fail(TypeError, self.op, where, f"tuple annotations ({ann}) are not supported.", f"Use {hint} instead.")
+            raise SignatureError(self.op, where, Problem.TUPLE, f"tuple annotations ({ann}) are not supported.",
+                                 str(ann), f"Use {hint} instead.")
         if origin is dict or ann is dict or origin is collections.abc.Mapping:
-            fail(
-                TypeError,
-                self.op,
-                where,
-                f"dict annotations ({ann}) are not supported.",
-                "Use a frozen dataclass or separate parameters.",
-            )
+            raise SignatureError(self.op, where, Problem.DICT, f"dict annotations ({ann}) are not supported.",
+                                 str(ann), "Use a frozen dataclass or separate parameters.")
         if isinstance(ann, type) and issubclass(ann, enum.Enum):
             return self._enum(ann, where)
         if isinstance(ann, type) and dataclasses.is_dataclass(ann):
@@ -314,8 +361,7 @@ class Resolver:
         for f in dataclasses.fields(cls):
             if not f.init:
                 continue
-            fwhere = f"{where}, field {qual}.{f.name}"
-            finfo = self.resolve(f.type, fwhere, module_globals)
+            finfo = self.resolve(f.type, where.at_field(cls, f.name), module_globals)
             fields[f.name] = finfo
             default = dataclasses.MISSING
             if f.default is not dataclasses.MISSING:

@@ -9,6 +9,14 @@
 #include "opforge/backward.h"
 #include "opforge/opforge.h"
 
+// The core's registries, which the tests inspect.
+#include "opforge/error.h"
+#include "opforge/handles.h"
+#include "opforge/libraries.h"
+#include "opforge/spec.h"
+#include "opforge/structs.h"
+#include "opforge/tags.h"
+
 namespace lib_test {
 
 struct Inner {
@@ -63,19 +71,26 @@ c10::IValue Call(const char* name, std::vector<c10::IValue> stack) {
   return stack.empty() ? c10::IValue() : stack[0];
 }
 
+// Runs a library block now (OPFORGE_LIBRARY runs one when the library loads)
+// and keeps it registered for the rest of the test binary.
+opforge::LibraryBlock* Block(const char* ns, void (*init)(opforge::Library&)) {
+  return new opforge::LibraryBlock(torch::Library::FRAGMENT, ns, std::nullopt, init, __FILE__, __LINE__);
+}
+
 class LibraryTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    lib_ = new torch::Library(torch::Library::FRAGMENT, "opforge_lib_test", std::nullopt, __FILE__, __LINE__);
-    opforge::Library m(*lib_, "opforge_lib_test");
-    m.def("attn(Tensor q, Cfg cfg) -> Tensor", &Attn).symm_mem_args({"cfg"});
-    m.def("split(Tensor x) -> Out", &Split);
-    m.def("run(Tensor x, Handle(Runner) runner) -> Tensor", &RunKernel);
-    m.def("mutate(Tensor x, Inner(a!) bufs) -> ()", &Mutate);
+    block_ = Block("opforge_lib_test", [](opforge::Library& m) {
+      m.def("attn(Tensor q, Cfg cfg) -> Tensor", &Attn).symm_mem_args({"cfg"});
+      m.def("split(Tensor x) -> Out", &Split);
+      m.def("run(Tensor x, Handle(Runner) runner) -> Tensor", &RunKernel);
+      m.def("mutate(Tensor x, Inner(a!) bufs) -> ()", &Mutate);
+    });
+    ASSERT_EQ(block_->error(), "");
   }
-  static torch::Library* lib_;
+  static opforge::LibraryBlock* block_;
 };
-torch::Library* LibraryTest::lib_ = nullptr;
+opforge::LibraryBlock* LibraryTest::block_ = nullptr;
 
 TEST_F(LibraryTest, StructParametersRegisterTheFlatSchema) {
   auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_lib_test::attn", "");
@@ -132,7 +147,8 @@ TEST_F(LibraryTest, SymmMemArgsExpandAStructToItsTensorLeaves) {
             (std::vector<std::string>{"cfg__inner__w", "cfg__extra__w"}));
   auto spec = opforge::OpSpecRegistry::Global().Find("opforge_lib_test::attn");
   ASSERT_TRUE(spec);
-  EXPECT_EQ(opforge::ToString(spec->original), "opforge_lib_test::attn(Tensor q, Cfg cfg) -> Tensor");
+  // The library's own Cfg: registered under its namespace.
+  EXPECT_EQ(opforge::ToString(spec->original), "opforge_lib_test::attn(Tensor q, opforge_lib_test.Cfg cfg) -> Tensor");
 }
 
 TEST_F(LibraryTest, HandleParametersResolveToTheRegisteredObject) {
@@ -156,19 +172,20 @@ struct SymbolicNode : c10::SymNodeImpl {
 };
 
 TEST_F(LibraryTest, AConcreteSymIntHandleResolvesAndASymbolicOneHasNoObject) {
+  using Leaf = opforge::detail::Unboxed<opforge::Handle<Runner>>;
   auto runner = std::make_shared<Runner>(Runner{2.0});
   int64_t h = opforge::RegisterHandle(runner);
-  opforge::Handle<Runner> concrete{c10::SymInt(h)};
+  opforge::Handle<Runner> concrete = Leaf::Build(c10::SymInt(h));
   EXPECT_FALSE(concrete.is_symbolic());
   EXPECT_EQ(&concrete.get(), runner.get());
   EXPECT_EQ(concrete.id(), h);
 
-  opforge::Handle<Runner> symbolic{c10::SymInt(c10::SymNode(c10::make_intrusive<SymbolicNode>()))};
+  opforge::Handle<Runner> symbolic = Leaf::Build(c10::SymInt(c10::SymNode(c10::make_intrusive<SymbolicNode>())));
   EXPECT_TRUE(symbolic.is_symbolic());
   try {
     (void)symbolic->k;
     FAIL() << "a symbolic handle has no runner";
-  } catch (const opforge::Error& e) {
+  } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("is symbolic: a fake kernel runs while torch.compile traces"),
               std::string::npos)
         << e.what();
@@ -176,12 +193,30 @@ TEST_F(LibraryTest, AConcreteSymIntHandleResolvesAndASymbolicOneHasNoObject) {
   opforge::HandleTable::Global().Release(h);
 }
 
-TEST_F(LibraryTest, AnOpWithAHandleGetsAKernelTorchCompileDoesNotTraceInto) {
-  auto run = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_lib_test::run", "");
-  EXPECT_TRUE(run.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd));
-  EXPECT_FALSE(run.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd));
-  auto split = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_lib_test::split", "");
-  EXPECT_TRUE(split.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd));
+TEST_F(LibraryTest, AWeaklyRegisteredObjectThatIsGoneIsStale) {
+  auto runner = std::make_shared<Runner>(Runner{2.0});
+  int64_t h = opforge::RegisterHandle(runner, /*weak=*/true);
+  EXPECT_DOUBLE_EQ(opforge::Handle<Runner>(h)->k, 2.0);
+  runner.reset();
+  try {
+    opforge::Handle<Runner> gone(h);
+    FAIL() << "the object is gone";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("was registered weakly and no longer exists"), std::string::npos)
+        << e.what();
+  }
+  opforge::HandleTable::Global().Release(h);
+}
+
+TEST_F(LibraryTest, DefWithAKernelRegistersItForEveryBackendButNotAsAComposite) {
+  // Fake tensors must never reach a kernel that reads data pointers when the
+  // op has a fake kernel, and a gradient never traces through one
+  // (docs/cpp_ops.md#what-mdef-with-a-kernel-means).
+  for (const char* name : {"opforge_lib_test::run", "opforge_lib_test::split"}) {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+    EXPECT_TRUE(op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) << name;
+    EXPECT_FALSE(op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) << name;
+  }
 }
 
 TEST_F(LibraryTest, HandleOfAnotherTypeIsRejected) {
@@ -209,41 +244,57 @@ TEST_F(LibraryTest, MutatingAStructMutatesItsTensorField) {
   EXPECT_DOUBLE_EQ(w[1].item<double>(), 1.0);
 }
 
-TEST(LibraryErrors, UnknownStructTypeInSchemaIsAnError) {
-  torch::Library lib(torch::Library::FRAGMENT, "opforge_lib_err", std::nullopt, __FILE__, __LINE__);
-  opforge::Library m(lib, "opforge_lib_err");
-  try {
+TEST(LibraryErrors, UnknownStructTypeInSchemaIsAnErrorAndNothingIsRegistered) {
+  auto* block = Block("opforge_lib_err", [](opforge::Library& m) {
+    m.def("ok(Tensor x) -> Tensor");
     m.def("f(Tensor x, NoSuchCfg cfg) -> Tensor");
-    FAIL() << "expected an error";
-  } catch (const opforge::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown type 'NoSuchCfg'"), std::string::npos) << e.what();
+  });
+  EXPECT_NE(block->error().find("OPFORGE_LIBRARY(opforge_lib_err)"), std::string::npos) << block->error();
+  EXPECT_NE(block->error().find("its schema names type 'NoSuchCfg', which this library block does not declare"), std::string::npos) << block->error();
+  EXPECT_NE(block->error().find("Nothing of this block was registered."), std::string::npos) << block->error();
+  EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({"opforge_lib_err::ok", ""}).has_value());
+  EXPECT_FALSE(opforge::OpSpecRegistry::Global().Find("opforge_lib_err::ok"));
+  bool recorded = false;
+  for (const auto& e : opforge::LibraryRegistry::Global().LoadErrors()) {
+    recorded = recorded || e.message == block->error();
   }
+  EXPECT_TRUE(recorded);
 }
 
 struct Cfg2 {
   double scale;
 };
-OPFORGE_STRUCT_NAMED(Cfg2, "Cfg", scale);  // same name as lib_test::Cfg, other layout
+OPFORGE_STRUCT_NAMED(Cfg2, "Cfg", scale);  // the name lib_test::Cfg has, another layout
 at::Tensor UseCfg2(const at::Tensor& x, const Cfg2& c) { return x * c.scale; }
 
-TEST(LibraryErrors, DuplicateStructNameWithADifferentLayoutIsAnError) {
-  torch::Library lib(torch::Library::FRAGMENT, "opforge_lib_err2", std::nullopt, __FILE__, __LINE__);
-  opforge::Library m(lib, "opforge_lib_err2");
-  opforge::RegisterTypes<Cfg>();
-  try {
+TEST(LibraryErrors, TwoTypesOfOneLibraryWithOneNameAreAnError) {
+  auto* block = Block("opforge_lib_err2", [](opforge::Library& m) {
+    m.types<Cfg>();
     m.def("g(Tensor x, Cfg c) -> Tensor", &UseCfg2);
-    FAIL() << "expected an error";
-  } catch (const opforge::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("already registered with a different layout"), std::string::npos)
-        << e.what();
-  }
+  });
+  EXPECT_NE(block->error().find("struct lib_test::Cfg2: is registered as 'opforge_lib_err2.Cfg', a name this "
+                                "library already gave a struct of another layout"),
+            std::string::npos)
+      << block->error();
+  EXPECT_FALSE(opforge::TypeRegistry::Global().FindStruct("opforge_lib_err2.Cfg"));
+}
+
+TEST(LibraryScopes, TwoLibrariesMayEachHaveAStructNamedCfg) {
+  auto* a = Block("opforge_scope_a", [](opforge::Library& m) { m.def("f(Tensor q, Cfg cfg) -> Tensor", &Attn); });
+  auto* b = Block("opforge_scope_b", [](opforge::Library& m) { m.def("f(Tensor x, Cfg c) -> Tensor", &UseCfg2); });
+  ASSERT_EQ(a->error(), "");
+  ASSERT_EQ(b->error(), "");
+  EXPECT_EQ(opforge::TypeRegistry::Global().FindStruct("opforge_scope_a.Cfg")->fields.size(), 8u);
+  EXPECT_EQ(opforge::TypeRegistry::Global().FindStruct("opforge_scope_b.Cfg")->fields.size(), 1u);
+  auto out = Call("opforge_scope_b::f", {at::ones({1}), 3.0}).toTensor();
+  EXPECT_DOUBLE_EQ(out.item<double>(), 3.0);
 }
 
 TEST(LibraryErrors, KernelSignatureMustMatchTheSchema) {
-  torch::Library lib(torch::Library::FRAGMENT, "opforge_lib_err3", std::nullopt, __FILE__, __LINE__);
-  opforge::Library m(lib, "opforge_lib_err3");
   // The schema says int, the kernel takes the Cfg struct: torch's own check.
-  EXPECT_ANY_THROW(m.def("h(Tensor q, int cfg) -> Tensor", &Attn));
+  auto* block = Block("opforge_lib_err3", [](opforge::Library& m) { m.def("h(Tensor q, int cfg) -> Tensor", &Attn); });
+  EXPECT_NE(block->error().find("torch refused it"), std::string::npos) << block->error();
+  EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({"opforge_lib_err3::h", ""}).has_value());
 }
 
 struct CapturedWarnings : c10::WarningHandler {
@@ -254,9 +305,10 @@ struct CapturedWarnings : c10::WarningHandler {
 TEST(LibraryErrors, SymmMemArgsWithoutGroupNameWarn) {
   CapturedWarnings captured;
   c10::WarningUtils::WarningHandlerGuard guard(&captured);
-  torch::Library lib(torch::Library::FRAGMENT, "opforge_lib_warn", std::nullopt, __FILE__, __LINE__);
-  opforge::Library m(lib, "opforge_lib_warn");
-  m.def("attn(Tensor q, Cfg cfg) -> Tensor", &Attn).symm_mem_args({"q"});
+  auto* block = Block("opforge_lib_warn", [](opforge::Library& m) {
+    m.def("attn(Tensor q, Cfg cfg) -> Tensor", &Attn).symm_mem_args({"q"});
+  });
+  ASSERT_EQ(block->error(), "");
   ASSERT_EQ(captured.messages.size(), 1u);
   EXPECT_NE(captured.messages[0].find("opforge_lib_warn::attn: symm_mem_args are declared but the op has no "
                                       "'group_name' argument"),
@@ -265,10 +317,11 @@ TEST(LibraryErrors, SymmMemArgsWithoutGroupNameWarn) {
 }
 
 TEST(LibraryImpl, PerDeviceKernelsTakePrecedence) {
-  torch::Library lib(torch::Library::FRAGMENT, "opforge_lib_dev", std::nullopt, __FILE__, __LINE__);
-  opforge::Library m(lib, "opforge_lib_dev");
-  m.def("attn(Tensor q, Cfg cfg) -> Tensor", &Attn);
-  m.impl("attn", c10::DeviceType::CPU, &AttnCpu);
+  auto* block = Block("opforge_lib_dev", [](opforge::Library& m) {
+    m.def("attn(Tensor q, Cfg cfg) -> Tensor", &Attn);
+    m.impl("attn", c10::DeviceType::CPU, &AttnCpu);
+  });
+  ASSERT_EQ(block->error(), "");
   at::Tensor w = at::zeros({1});
   auto out = Call("opforge_lib_dev::attn", {at::zeros({1}), 1.0, true, int64_t{0}, int64_t{1}, 0.0,
                                             std::vector<int64_t>{}, 0.0, w, false, c10::IValue(),
@@ -371,15 +424,14 @@ struct UpdateGrad {
 class BackwardTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    lib_ = new torch::Library(torch::Library::FRAGMENT, "opforge_grad_test", std::nullopt, __FILE__, __LINE__);
-    opforge::Library m(*lib_, "opforge_grad_test");
-    m.def("affine(Tensor x, grad_test.Cfg cfg) -> Tensor", &Affine).autograd<AffineGrad>();
-    m.def("pair(Tensor x, int n, Tensor[] ys) -> (Tensor, Tensor)", &Pair).autograd<PairGrad>();
-    m.def("times(Tensor x, int n) -> Tensor", &Times).autograd<BadTimesGrad>();
+    auto* block = lib_test::Block("opforge_grad_test", [](opforge::Library& m) {
+      m.def("affine(Tensor x, grad_test.Cfg cfg) -> Tensor", &Affine).autograd<AffineGrad>();
+      m.def("pair(Tensor x, int n, Tensor[] ys) -> (Tensor, Tensor)", &Pair).autograd<PairGrad>();
+      m.def("times(Tensor x, int n) -> Tensor", &Times).autograd<BadTimesGrad>();
+    });
+    ASSERT_EQ(block->error(), "");
   }
-  static torch::Library* lib_;
 };
-torch::Library* BackwardTest::lib_ = nullptr;
 
 using AffineSig = at::Tensor(const at::Tensor&, double, const at::Tensor&, const std::optional<at::Tensor>&,
                              const at::Tensor&, double);
@@ -464,14 +516,11 @@ TEST_F(BackwardTest, AGradientForANonTensorParameterIsAnError) {
 }
 
 TEST(BackwardErrors, AnOpThatMutatesCannotHaveABackward) {
-  torch::Library lib(torch::Library::FRAGMENT, "opforge_grad_err", std::nullopt, __FILE__, __LINE__);
-  opforge::Library m(lib, "opforge_grad_err");
-  try {
+  auto* block = lib_test::Block("opforge_grad_err", [](opforge::Library& m) {
     m.def("update(Tensor x, grad_test.Inner(a!) bufs) -> Tensor", &Update).autograd<UpdateGrad>();
-    FAIL() << "expected an error";
-  } catch (const opforge::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the op mutates 'bufs.t'"), std::string::npos) << e.what();
-  }
+  });
+  EXPECT_NE(block->error().find("the op mutates 'bufs.t'"), std::string::npos) << block->error();
+  EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({"opforge_grad_err::update", ""}).has_value());
 }
 
 struct Partial {
@@ -487,7 +536,7 @@ TEST(BackwardErrors, GradOfAFieldNotListedInTheStructIsAnError) {
   try {
     g.set(&Partial::hidden, at::ones({1}));
     FAIL() << "expected an error";
-  } catch (const opforge::Error& e) {
+  } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("opforge::Grad<grad_test.Partial>::set: the field is not one of those "
                                          "listed in OPFORGE_STRUCT."),
               std::string::npos)
@@ -496,3 +545,150 @@ TEST(BackwardErrors, GradOfAFieldNotListedInTheStructIsAnError) {
 }
 
 }  // namespace grad_test
+
+// ---------------------------------------------------------------------------
+// Kernel libraries written the way vLLM's csrc/ and sgl-kernel write theirs:
+// `Tensor!` schemas, `at::Tensor&` parameters, def then impl per device.
+
+namespace vllm_style {
+
+struct NormCfg {
+  double eps = 1e-6;
+  bool offset = false;
+};
+OPFORGE_STRUCT(NormCfg, eps, offset);
+
+struct ActCfg {
+  double limit = 0.0;  // no Tensor field: its gradient is NoGrad
+};
+OPFORGE_STRUCT(ActCfg, limit);
+
+// out = x / (mean(x^2) + eps) * (w + offset), written into `out`.
+void RmsNorm(at::Tensor& out, const at::Tensor& x, const at::Tensor& w, const NormCfg& cfg) {
+  at::Tensor scale = (x * x).mean(-1, /*keepdim=*/true) + cfg.eps;
+  out.copy_(x / scale * (cfg.offset ? w + 1.0 : w));
+}
+
+at::Tensor Scaled(const at::Tensor& x, const ActCfg& cfg) { return x * (cfg.limit + 1.0); }
+
+struct ScaledGrad {
+  static void setup_context(opforge::AutogradContext* ctx, const at::Tensor&, const ActCfg& cfg,
+                            const at::Tensor&) {
+    ctx->saved_data["k"] = cfg.limit + 1.0;
+  }
+  static opforge::GradsFor<decltype(Scaled)> backward(opforge::AutogradContext* ctx, const at::Tensor& g) {
+    return {g * ctx->saved_data["k"].toDouble(), opforge::NoGrad{}};
+  }
+};
+
+TEST(VllmStyle, TensorBangSchemasAndTensorRefKernelsRegisterAndRun) {
+  auto* block = lib_test::Block("opforge_vllm_style", [](opforge::Library& m) {
+    // def first, kernels after: the struct named in the schema is known from
+    // the kernel that takes it, whatever the order.
+    m.def("rms_norm(Tensor! out, Tensor x, Tensor w, NormCfg cfg) -> ()");
+    m.impl("rms_norm", c10::kCPU, &RmsNorm);
+    m.def("scaled(Tensor x, ActCfg cfg) -> Tensor", &Scaled).autograd<ScaledGrad>();
+  });
+  ASSERT_EQ(block->error(), "");
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_vllm_style::rms_norm", "");
+  std::ostringstream printed;
+  printed << op.schema();
+  EXPECT_EQ(printed.str(),
+            "opforge_vllm_style::rms_norm(Tensor(_0!) out, Tensor x, Tensor w, float cfg__eps=9.9999999999999995e-07, "
+            "bool cfg__offset=False) -> ()");
+  EXPECT_TRUE(opforge::OpSpecRegistry::Global().Find("opforge_vllm_style::rms_norm")->leaves[0].mutated);
+  at::Tensor x = at::rand({2, 4}, at::kDouble);
+  at::Tensor w = at::rand({4}, at::kDouble);
+  at::Tensor out = at::empty_like(x);
+  lib_test::Call("opforge_vllm_style::rms_norm", {out, x, w, 0.5, true});
+  EXPECT_TRUE(at::allclose(out, x / ((x * x).mean(-1, true) + 0.5) * (w + 1.0)));
+}
+
+TEST(VllmStyle, AnOpWithoutABackwardRaisesWhenAGradientIsRequested) {
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_vllm_style::rms_norm", "");
+  at::Tensor x = at::rand({1, 4}, at::kDouble).requires_grad_();
+  at::Tensor out = at::zeros({1, 4}, at::kDouble);
+  std::vector<c10::IValue> stack{out, x, at::ones({4}, at::kDouble), 1e-6, false};
+  op.callBoxed(&stack);
+  ASSERT_TRUE(out.requires_grad());
+  try {
+    out.sum().backward();
+    FAIL() << "a gradient through an op without a backward must be an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("opforge_vllm_style::rms_norm: a gradient was requested through this op, "
+                                         "but it has no backward."),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(VllmStyle, WritingATensorBumpsItsVersion) {
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_vllm_style::rms_norm", "");
+  at::Tensor out = at::zeros({1, 4}, at::kDouble);
+  const auto before = out._version();
+  std::vector<c10::IValue> stack{out, at::ones({1, 4}, at::kDouble), at::ones({4}, at::kDouble), 1e-6, false};
+  op.callBoxed(&stack);
+  EXPECT_EQ(out._version(), before + 1);
+}
+
+TEST(VllmStyle, NoGradStandsForAStructWithoutTensorFields) {
+  auto op = c10::Dispatcher::singleton()
+                .findSchemaOrThrow("opforge_vllm_style::scaled", "")
+                .typed<at::Tensor(const at::Tensor&, double)>();
+  at::Tensor x = at::ones({2}, at::kDouble).requires_grad_();
+  auto grads = torch::autograd::grad({op.call(x, 2.0).sum()}, {x});
+  EXPECT_TRUE(at::allclose(grads[0], at::full({2}, 3.0, at::kDouble)));
+}
+
+}  // namespace vllm_style
+
+namespace call_test {
+
+struct Inner {
+  at::Tensor t;
+  int32_t k = 2;
+};
+OPFORGE_STRUCT(Inner, t, k);
+
+struct Cfg {
+  double scale = 1.0;
+  std::optional<Inner> inner;
+  std::vector<int64_t> dims;
+};
+OPFORGE_STRUCT(Cfg, scale, inner, dims);
+
+struct Pair {
+  at::Tensor a;
+  at::Tensor b;
+};
+OPFORGE_STRUCT(Pair, a, b);
+
+at::Tensor Apply(const at::Tensor& x, const Cfg& cfg) {
+  at::Tensor y = x * cfg.scale + static_cast<double>(cfg.dims.size());
+  return cfg.inner ? y + cfg.inner->t * cfg.inner->k : y;
+}
+Pair Both(const at::Tensor& x) { return Pair{x + 1, x + 2}; }
+void Fill(at::Tensor& out, double v) { out.fill_(v); }
+
+TEST(OpforgeCall, StructOpsAreCalledWithTheirStructsAndStructReturnsComeBack) {
+  auto* block = lib_test::Block("opforge_call_test", [](opforge::Library& m) {
+    m.def("apply(Tensor x, Cfg cfg) -> Tensor", &Apply);
+    m.def("both(Tensor x) -> Pair", &Both);
+    m.def("fill(Tensor! out, float v) -> ()", &Fill);
+  });
+  ASSERT_EQ(block->error(), "");
+  at::Tensor x = at::ones({2}, at::kDouble);
+  Cfg cfg{3.0, Inner{at::full({2}, 0.5, at::kDouble), 4}, {7, 8}};
+  at::Tensor y = opforge::Call<at::Tensor>("opforge_call_test::apply", x, cfg);
+  EXPECT_TRUE(at::allclose(y, at::full({2}, 3.0 + 2 + 2.0, at::kDouble)));
+  cfg.inner.reset();
+  static const opforge::OpRef apply("opforge_call_test::apply");
+  EXPECT_TRUE(at::allclose(apply.call<at::Tensor>(x, cfg), at::full({2}, 5.0, at::kDouble)));
+  Pair p = opforge::Call<Pair>("opforge_call_test::both", x);
+  EXPECT_DOUBLE_EQ(p.b[0].item<double>(), 3.0);
+  at::Tensor out = at::zeros({2});
+  opforge::Call("opforge_call_test::fill", out, 6.0);
+  EXPECT_DOUBLE_EQ(out[1].item<double>(), 6.0);
+}
+
+}  // namespace call_test

@@ -9,6 +9,14 @@
 
 #include "opforge/opforge.h"
 
+// The core's registries, which the tests inspect.
+#include "opforge/error.h"
+#include "opforge/handles.h"
+#include "opforge/libraries.h"
+#include "opforge/spec.h"
+#include "opforge/structs.h"
+#include "opforge/tags.h"
+
 namespace defaults_test {
 
 enum class Mode : int64_t { kAdd = 3, kMul = 5 };
@@ -92,16 +100,20 @@ std::string FlatSchema(const char* name) {
 class StructDefaults : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    lib_ = new torch::Library(torch::Library::FRAGMENT, "opforge_defaults", std::nullopt, __FILE__, __LINE__);
-    opforge::Library m(*lib_, "opforge_defaults");
-    m.def("apply(Tensor x, defaults_test.Attn a) -> Tensor", &Apply);
-    m.def("outer(Tensor x, defaults_test.Outer o) -> Tensor", &ApplyOuter);
-    m.def("trailing(defaults_test.Attn a, Tensor x) -> Tensor");
-    opforge::RegisterTypes<Pinned, Ctor, Plain>();
+    block_ = new opforge::LibraryBlock(
+        torch::Library::FRAGMENT, "opforge_defaults", std::nullopt,
+        [](opforge::Library& m) {
+          m.def("apply(Tensor x, defaults_test.Attn a) -> Tensor", &Apply);
+          m.def("outer(Tensor x, defaults_test.Outer o) -> Tensor", &ApplyOuter);
+          m.def("trailing(defaults_test.Attn a, Tensor x) -> Tensor");
+          m.types<Pinned, Ctor, Plain>();
+        },
+        __FILE__, __LINE__);
+    ASSERT_EQ(block_->error(), "");
   }
-  static torch::Library* lib_;
+  static opforge::LibraryBlock* block_;
 };
-torch::Library* StructDefaults::lib_ = nullptr;
+opforge::LibraryBlock* StructDefaults::block_ = nullptr;
 
 TEST_F(StructDefaults, InitializersBecomeTheRegisteredFieldDefaults) {
   EXPECT_EQ(Describe("defaults_test.Attn"),

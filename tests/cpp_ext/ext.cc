@@ -3,6 +3,10 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/tensor.h>
+
+#include <cmath>
 
 #include <opforge/backward.h>
 #include <opforge/opforge.h>
@@ -135,9 +139,69 @@ struct SplitGrad {
   }
 };
 
+// A real kernel: it reads data pointers, which fake tensors do not have.
+at::Tensor SumRows(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() == 2, "sum_rows: float32 2-d");
+  at::Tensor out = at::empty({x.size(0)}, x.options());
+  const float* in = x.const_data_ptr<float>();
+  float* o = out.mutable_data_ptr<float>();
+  for (int64_t r = 0; r < x.size(0); ++r) {
+    o[r] = 0;
+    for (int64_t c = 0; c < x.size(1); ++c) o[r] += in[r * x.size(1) + c];
+  }
+  return out;
+}
+at::Tensor SumRowsFake(const at::Tensor& x) { return at::empty({x.size(0)}, x.options()); }
+
+// Every kind of field, for the differential test of C++ ops' eager path
+// (tests/python/test_cpp_libraries.py): the kernel returns what it received.
+struct Probe {
+  int64_t i = 0;
+  double f = 0.0;
+  bool b = false;
+  std::string s;
+  std::optional<double> of;
+  std::vector<int64_t> il;
+  std::vector<double> fl;
+  c10::ScalarType dt = at::kFloat;
+  Mode m = Mode::kAdd;
+  std::optional<at::Tensor> t;
+  std::vector<at::Tensor> ts;
+};
+OPFORGE_STRUCT_NAMED(Probe, "ext.Probe", i, f, b, s, of, il, fl, dt, m, t, ts);
+
+at::Tensor Encode(const Probe& p) {
+  double s_code = static_cast<double>(p.s.size());
+  for (unsigned char c : p.s) s_code = s_code * 31 + c;
+  double il = static_cast<double>(p.il.size()), fl = static_cast<double>(p.fl.size()), ts = 0;
+  for (int64_t v : p.il) il = il * 7 + static_cast<double>(v);
+  for (double v : p.fl) fl = fl * 7 + v;
+  for (const auto& t : p.ts) ts = ts * 7 + t.sum().item<double>() + 1;
+  const double nan = std::nan("");
+  return at::tensor({static_cast<double>(p.i), p.f, p.b ? 1.0 : 0.0, s_code, p.of.value_or(nan), il, fl,
+                     static_cast<double>(p.dt), static_cast<double>(p.m), p.t ? p.t->sum().item<double>() : nan, ts},
+                    at::kDouble);
+}
+at::Tensor ProbeKernel(const at::Tensor& x, const Probe& p) { return Encode(p) + x.sum().item<double>(); }
+at::Tensor ProbeOptional(const at::Tensor& x, const std::optional<Probe>& p) {
+  return p ? Encode(*p) : at::full({11}, -1.0, at::kDouble);
+}
+
+// A collective-shaped op whose input must be symmetric (docs/symm_mem.md).
+at::Tensor AllReduce(const at::Tensor& x, const std::string& /*reduce_op*/, const std::string& /*group_name*/) {
+  return x * 2;
+}
+at::Tensor AllReduceFake(const at::Tensor& x, const std::string&, const std::string&) { return at::empty_like(x); }
+
 }  // namespace ext
 
 OPFORGE_LIBRARY(opforge_ext, m) {
+  m.def("probe(Tensor x, ext.Probe p) -> Tensor", &ext::ProbeKernel);
+  m.def("probe_optional(Tensor x, ext.Probe? p) -> Tensor", &ext::ProbeOptional);
+  m.def("sum_rows(Tensor x) -> Tensor", &ext::SumRows);
+  m.fake("sum_rows", &ext::SumRowsFake);
+  m.def("all_reduce(Tensor x, str reduce_op, str group_name) -> Tensor", &ext::AllReduce).symm_mem_args({"x"});
+  m.fake("all_reduce", &ext::AllReduceFake);
   m.def("scale(Tensor x, ext.Cfg cfg) -> Tensor", &ext::Scale);
   m.fake("scale", &ext::ScaleFake);
   m.def("reduce(Tensor x) -> Stats", &ext::Reduce);
@@ -158,6 +222,9 @@ OPFORGE_LIBRARY(opforge_ext, m) {
   m.def("halves(Tensor x, float k) -> ext.Halves");
   m.impl("halves", c10::DeviceType::CPU, &ext::Split);
   m.def("py_kernel(Tensor x, ext.AttnCfg cfg) -> Tensor");
+  // A kernel made of ATen calls that autograd and fake tensors trace through.
+  m.def("composite(Tensor x, ext.Lin lin) -> Tensor");
+  m.impl("composite", c10::DispatchKey::CompositeImplicitAutograd, &ext::Linear);
   m.def("mix_with_fake(Tensor x, ext.Lin lin) -> Tensor");
   m.impl("mix_with_fake", c10::DeviceType::CPU, &ext::Linear);
   m.fake("mix_with_fake", &ext::LinearFake);

@@ -41,7 +41,7 @@ from liger_kernel.ops.utils import element_mul_kernel  # noqa: E402
 import opforge  # noqa: E402
 import opforge.triton as ot  # noqa: E402
 from opforge import _inspect  # noqa: E402
-from triton_testing import chain_text, graph_kernels, jit_function  # noqa: E402
+from triton_testing import RecordingInductor, chain_text, jit_function  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
 TIMING_DTYPES = [torch.bfloat16]  # each timed row compiles twice; the training dtype is the one that matters
@@ -156,29 +156,6 @@ def _fresh(fresh_compile):
     """Every test here inspects the graphs of a compile of its own."""
 
 
-class Inductor:
-    """torch.compile's Inductor backend, recording the graphs it compiles
-    (forward first, backward at the first backward call)."""
-
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
-        def inner_compile(graph_module, inputs, *args, **kwargs):
-            self.graphs.append(graph_module)
-            return compile_fx_inner(graph_module, inputs, *args, **kwargs)
-
-        return compile_fx(gm, example_inputs, inner_compile=inner_compile)
-
-    def kernels(self, index):
-        return graph_kernels(self.graphs[index])
-
-    def calls_an_opforge_op(self, index, op):
-        return any(n.target is op.overload for n in self.graphs[index].graph.nodes)
-
-
 def inputs_for(case, dtype, size="test"):
     torch.manual_seed(0)
     return case.inputs(dtype, size)
@@ -256,7 +233,7 @@ def test_the_literal_cross_entropy_port_equals_liger_eagerly():
 def test_compiled_fullgraph_with_liger_kernels_in_the_forward_and_backward_graphs(name, dtype):
     case = CASES[name]
     inputs = inputs_for(case, dtype)
-    backend = Inductor()
+    backend = RecordingInductor()
     compiled = torch.compile(case.port, backend=backend, fullgraph=True)
     with warnings.catch_warnings():
         # The ports hand Liger's helpers copies of what they write (no UndeclaredWriteWarning).
@@ -270,7 +247,7 @@ def test_compiled_fullgraph_with_liger_kernels_in_the_forward_and_backward_graph
     assert len(backend.graphs) == 2, "one forward and one backward graph"
     assert backend.kernels(0) == [jit_function(k) for k in case.forward_kernels]
     assert backend.kernels(1) == [jit_function(k) for k in case.backward_kernels]
-    assert not backend.calls_an_opforge_op(0, case.op) and not backend.calls_an_opforge_op(1, case.op)
+    assert not backend.calls(case.op, 0) and not backend.calls(case.op, 1)
 
 
 @pytest.mark.parametrize("name", NAMES)

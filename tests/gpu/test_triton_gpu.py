@@ -15,12 +15,12 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 triton = pytest.importorskip("triton")
 
-from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table  # noqa: E402
 
 import opforge  # noqa: E402
 from triton_helpers import kernels as K  # noqa: E402
 from triton_helpers import launchers, rebind  # noqa: E402
 from triton_helpers import ops as forms  # noqa: E402
+from triton_testing import RecordingInductor, jit_function  # noqa: E402
 
 ADD_FORMS = list(forms.FORMS)
 EXPECTED_KERNEL = {
@@ -45,39 +45,6 @@ def xy(n=1000):
     return torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
 
 
-def jit_function(kernel):
-    while not isinstance(kernel, triton.runtime.jit.JITFunction):
-        kernel = kernel.fn
-    return kernel
-
-
-class Inductor:
-    """torch.compile's Inductor backend, recording every graph it compiles."""
-
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, gm, example_inputs):
-        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
-        def inner_compile(graph_module, inputs, *args, **kwargs):
-            self.graphs.append(graph_module)
-            return compile_fx_inner(graph_module, inputs, *args, **kwargs)
-
-        return compile_fx(gm, example_inputs, inner_compile=inner_compile)
-
-    def kernel_nodes(self, index=0):
-        return [n for n in self.graphs[index].graph.nodes
-                if n.op == "call_function" and "triton_kernel_wrapper" in str(n.target)]
-
-    def kernels(self, index=0):
-        """The @triton.jit functions launched by graph `index` (0: forward)."""
-        return [jit_function(kernel_side_table.get_kernel(n.kwargs["kernel_idx"])) for n in self.kernel_nodes(index)]
-
-    def calls(self, op, index=0):
-        return any(n.target is op.overload for n in self.graphs[index].graph.nodes)
-
-
 def compiled(fn, backend, **options):
     return torch.compile(fn, backend=backend, fullgraph=True, **options)
 
@@ -97,7 +64,7 @@ def test_eager_result(ops, form):
 def test_inductor_sees_the_kernel_and_computes_the_result(ops, form):
     op, reference = ops[form]
     x, y = xy()
-    backend = Inductor()
+    backend = RecordingInductor()
     f = compiled(lambda x, y: op(x, y) * 2 + 1, backend)
     torch.testing.assert_close(f(x, y), reference(x, y) * 2 + 1)
     assert backend.kernels() == [jit_function(EXPECTED_KERNEL.get(form, K.add_kernel))]
@@ -131,7 +98,7 @@ def test_dataclass_parameter_eager_and_compiled(ops):
     x, _ = xy()
     cfg = forms.ScaleCfg(factor=3.0, bias=0.5)
     torch.testing.assert_close(op(x, cfg), reference(x, cfg))
-    backend = Inductor()
+    backend = RecordingInductor()
     f = compiled(lambda x: op(x, forms.ScaleCfg(factor=3.0, bias=0.5)), backend)
     torch.testing.assert_close(f(x), reference(x, cfg))
     assert backend.kernels() == [K.scale_kernel]
@@ -145,7 +112,7 @@ def test_backward_eager_and_compiled(ops):
     torch.testing.assert_close(x.grad, torch.full_like(x, 2.5))
 
     x.grad = None
-    backend = Inductor()
+    backend = RecordingInductor()
     f = compiled(lambda x: op(x, forms.ScaleCfg(factor=2.5)).sum(), backend)
     f(x).backward()
     torch.testing.assert_close(x.grad, torch.full_like(x, 2.5))
@@ -159,7 +126,7 @@ def test_mutating_op_eager_and_compiled(ops):
     op(x, y, out)
     torch.testing.assert_close(out, x + y)
 
-    backend = Inductor()
+    backend = RecordingInductor()
 
     def f(x, y):
         out = torch.empty_like(x)
@@ -172,7 +139,7 @@ def test_mutating_op_eager_and_compiled(ops):
 
 def test_dynamic_shapes(ops):
     op, _ = ops["add_module_global"]
-    backend = Inductor()
+    backend = RecordingInductor()
     f = compiled(lambda x, y: op(x, y), backend, dynamic=True)
     for n in (1000, 3000):
         x, y = xy(n)
@@ -192,7 +159,7 @@ def test_triton_op_calling_another_triton_op(ops):
     op = opforge.op(fresh("nested"))(body)
     x, y = xy()
     torch.testing.assert_close(op(x, y), x)
-    backend = Inductor()
+    backend = RecordingInductor()
     torch.testing.assert_close(compiled(op, backend)(x, y), x)
     assert backend.kernels() == [K.sub_kernel, K.add_kernel]
 
@@ -205,7 +172,7 @@ def test_rebound_module_global_is_used_eagerly_and_compiled():
         torch.testing.assert_close(op(x, y), x + y)
         rebind.current_kernel = K.sub_kernel
         torch.testing.assert_close(op(x, y), x - y)
-        backend = Inductor()
+        backend = RecordingInductor()
         torch.testing.assert_close(compiled(op, backend)(x, y), x - y)
         assert backend.kernels() == [K.sub_kernel]
     finally:
@@ -220,7 +187,7 @@ def test_kernel_on_self_with_extra_kernels():
 
     op = opforge.op(fresh("on_self"), extra_triton_kernels=(K.sub_kernel,))(body)
     x, y = xy()
-    backend = Inductor()
+    backend = RecordingInductor()
     torch.testing.assert_close(compiled(op, backend)(x, y), x - y)
     assert backend.kernels() == [K.sub_kernel]
 

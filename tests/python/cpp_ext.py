@@ -1,9 +1,9 @@
-"""Builds tests/cpp_ext (a kernel library outside the opforge tree, built
-against the installed CMake package as users build theirs) and loads it once
-per process.
+"""Builds C++ kernel libraries outside the opforge tree (tests/cpp_ext, the
+examples) against the installed CMake package, as users build theirs, and
+loads them once per process.
 
-    ops = load()             # opforge.ops.opforge_ext
-    ops.scale(x, cfg)
+    ops = load()                        # tests/cpp_ext: opforge.ops.opforge_ext
+    path = build("examples/kernel_library", "kernel_library")   # the built .so's folder
 """
 
 from __future__ import annotations
@@ -21,16 +21,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 EXT_SRC = os.path.join(ROOT, "tests", "cpp_ext")
 # Kept apart per torch release, so suites on two torch versions never reuse
 # each other's objects.
-EXT_BUILD = os.path.join(ROOT, "build", f"torch-{torch.__version__.split('+')[0]}", "cpp_ext")
+BUILD = os.path.join(ROOT, "build", f"torch-{torch.__version__.split('+')[0]}")
+EXT_BUILD = os.path.join(BUILD, "cpp_ext")
+
+
+def build(src: str, name: str, *defines: str) -> str:
+    """Configures and builds the CMake project `src` (relative to the repo)
+    into build/torch-<release>/<name>; returns that folder."""
+    out = os.path.join(BUILD, name)
+    configure = subprocess.run(
+        ["cmake", "-S", os.path.join(ROOT, src), "-B", out, "-G", "Ninja",
+         f"-DCMAKE_PREFIX_PATH={opforge.cmake_prefix_path}", f"-DPython_EXECUTABLE={sys.executable}",
+         *[f"-D{d}" for d in defines]],
+        capture_output=True, text=True)
+    assert configure.returncode == 0, configure.stdout + configure.stderr
+    result = subprocess.run(["cmake", "--build", out], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
 
 
 @functools.lru_cache(maxsize=None)
 def load():
-    subprocess.run(
-        ["cmake", "-S", EXT_SRC, "-B", EXT_BUILD, "-G", "Ninja",
-         f"-DCMAKE_PREFIX_PATH={opforge.cmake_prefix_path}", f"-DPython_EXECUTABLE={sys.executable}"],
-        check=True, capture_output=True)
-    build = subprocess.run(["cmake", "--build", EXT_BUILD], capture_output=True, text=True)
-    assert build.returncode == 0, build.stdout + build.stderr
-    torch.ops.load_library(os.path.join(EXT_BUILD, "libopforge_test_ext.so"))
+    opforge.load_library(os.path.join(build("tests/cpp_ext", "cpp_ext"), "libopforge_test_ext.so"))
     return opforge.ops.opforge_ext

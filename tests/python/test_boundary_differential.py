@@ -266,5 +266,5 @@ def test_a_rejected_value_names_the_op_and_the_parameter_at_every_depth(all_ops)
     op, wrap = all_ops["float"]["nested"]
     with pytest.raises(TypeError) as info:
         op(torch.ones(1), wrap("a"))
-    assert str(info.value) == (f"{NS}::float_nested: parameter 'o', field Leaf_float.v: expected a float, got "
-                               f"str 'a'. Pass a float.")
+    assert str(info.value) == (f"{NS}::float_nested: parameter 'o', field Outer_float.inner, field Leaf_float.v: "
+                               f"expected a float, got str 'a'. Pass a float.")

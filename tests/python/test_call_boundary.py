@@ -319,3 +319,68 @@ def test_a_required_structs_field_defaults_reach_torch_ops_callers(ns):
     assert affine.schema == f"{ns}::affine(Tensor x, float cfg__scale, SymInt[] cfg__dims=[0]) -> Tensor"
     out = getattr(torch.ops, ns).affine(torch.ones(2, 3), 2.0)
     assert torch.equal(out, torch.full((3,), 4.0))
+
+
+@dataclass(frozen=True)
+class Inner:
+    w: float
+
+
+@dataclass(frozen=True)
+class WithInner:
+    scale: float
+    inner: Inner
+    maybe: Optional[Inner] = None
+
+
+@pytest.mark.parametrize(
+    ("cfg", "expected"),
+    [
+        (WithInner(None, Inner(1.0)), "parameter 'cfg', field WithInner.scale: expected a float, got None. "
+                                      "Pass a float."),
+        (WithInner(2.0, None), "parameter 'cfg', field WithInner.inner: expected a Inner, got None. Pass a Inner."),
+        (WithInner(2.0, Inner(1.0), Inner(None)), "parameter 'cfg', field WithInner.maybe, field Inner.w: expected "
+                                                  "a float, got None. Pass a float."),
+    ],
+    ids=["scalar_field", "struct_field", "field_of_an_optional_struct_field"],
+)
+def test_none_for_a_required_field_of_an_optional_struct_never_reaches_the_body_compiled(ns, cfg, expected):
+    seen = []
+
+    @opforge.op(f"{ns}::opt_field")
+    def opt_field(x: Tensor, cfg: Optional[WithInner] = None) -> None:
+        seen.append(cfg)
+
+    def call(t):
+        opt_field(t, cfg)
+
+    assert outcome(opt_field, torch.ones(1), cfg) == (TypeError, f"{ns}::opt_field: {expected}")
+    torch._dynamo.reset()
+    # With graph breaks allowed, the boundary's own error; with fullgraph,
+    # Dynamo reports that the traced code raised.
+    assert outcome(torch.compile(call, backend="eager"), torch.ones(1)) == (TypeError, f"{ns}::opt_field: {expected}")
+    torch._dynamo.reset()
+    assert outcome(torch.compile(call, backend="eager", fullgraph=True), torch.ones(1))[0] != "ok"
+    assert seen == []
+
+
+@dataclass(frozen=True)
+class Step:
+    size: torch.types.Number
+
+
+def test_a_scalar_field_keeps_each_calls_python_type_on_every_path(ns, path):
+    # Struct instances are reused for leaf values that compare equal; 1, 1.0
+    # and True compare equal, so a Scalar leaf must never key that reuse.
+    seen = []
+
+    @opforge.op(f"{ns}::step")
+    def step(x: Tensor, cfg: Step) -> Tensor:
+        seen.append(type(cfg.size))
+        return x * cfg.size
+
+    flat = getattr(torch.ops, ns).step
+    for value in (1, 1.0, True, 1):
+        step(torch.ones(1), Step(value))
+        flat(torch.ones(1), value)
+    assert seen == [int, int, float, float, bool, bool, int, int]

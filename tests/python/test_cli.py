@@ -154,3 +154,23 @@ def test_the_entry_point_runs_as_a_module():
                              "--import", "opforge._demo"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "schema     opforge_demo::scale(Tensor x, float factor) -> Tensor" in result.stdout
+
+
+def test_inspect_says_a_triton_ops_fake_is_its_traced_body_and_names_a_registered_one():
+    pytest.importorskip("triton")
+    import torch
+    from triton_helpers import library
+
+    import opforge
+    from opforge import _inspect
+
+    def body(x: torch.Tensor) -> torch.Tensor:
+        return library.scale_forward(x, 3.0)
+
+    traced = opforge.op("cli_test::triton_scale")(body)
+    assert "  fake       the traced body (a Triton op: fake tensors run the body, the kernels stay " \
+           "unlaunched)" in _inspect.describe(traced)
+    traced.register_fake(lambda x: torch.empty_like(x))
+    assert "  fake       registered" in _inspect.describe(traced)
+    given = opforge.op("cli_test::triton_scale_given", fake=lambda x: torch.empty_like(x))(body)
+    assert "  fake       registered" in _inspect.describe(given)

@@ -120,11 +120,15 @@ def test_the_bench_times_the_cpp_backward_against_a_hand_written_function():
     library = _bench_cpp.build(os.path.join(ROOT, "build", "bench_cpp_ops"))
     results = _bench_cpp.measure(library, calls=20, repeats=1)
     assert set(results.cpp) == {"flat", "structured", "function_bwd", "opforge_bwd"}
+    leaf_rows = {f"{kind}{n}" for n in _bench_cpp.LEAVES for kind in ("flat", "struct")}
+    leaf_rows |= {f"struct{n}_built" for n in _bench_cpp.LEAVES}
     assert set(results.python) == {"flat", "structured", "structured_wrapper", "function_bwd", "opforge_bwd",
-                                   "opforge_wrapper_bwd"}
+                                   "opforge_wrapper_bwd"} | leaf_rows
     assert all(v > 0 for v in (*results.cpp.values(), *results.python.values()))
     text = _bench_cpp.render(results)
     for row in ("fwd+bwd: hand-written torch::autograd::Function", "fwd+bwd: opforge C++ backward (struct form)",
-                "C++ backward / autograd::Function, from C++", "C++ backward / autograd::Function, from Python"):
+                "C++ backward / autograd::Function, from C++", "C++ backward / autograd::Function, from Python",
+                "C++ struct op / flat torch.ops op, 30 leaves", "same, struct built in the call, 5 leaves"):
         assert row in text, row
-    assert text.count("budget <= 1.05x") == 4
+    assert text.count("budget <= 1.05x") == 4 + len(_bench_cpp.LEAVES)
+    assert text.count("budget <= 1.15x") == len(_bench_cpp.LEAVES)

@@ -169,10 +169,13 @@ def test_what_cpp_registered_is_not_overridden_from_python(ext):
     with pytest.raises(RuntimeError, match=r"opforge_ext::mix_with_fake: register_fake: the op already has a "
                                            r"fake \(Meta\) kernel from C\+\+ \(m.fake\(...\)\)"):
         ext.mix_with_fake.register_fake(lambda x, lin: x)
-    with pytest.raises(RuntimeError, match=r"opforge_ext::scale: register_fake cannot take effect: the op's C\+\+ "
-                                           r"kernel was registered for every backend"):
+    with pytest.raises(RuntimeError, match=r"opforge_ext::scale: register_fake: the op already has a "
+                                           r"fake \(Meta\) kernel from C\+\+"):
         ext.scale.register_fake(lambda x, cfg: x)
-    with pytest.raises(ValueError, match=r"opforge_ext::mix: register_kernel: 'gpu' is not a device type"):
+    with pytest.raises(RuntimeError, match=r"opforge_ext::composite: register_fake cannot take effect: the op's "
+                                           r"C\+\+ kernel is a CompositeImplicitAutograd kernel"):
+        ext.composite.register_fake(lambda x, lin: x)
+    with pytest.raises(ValueError, match=r"opforge_ext::mix: device_types: 'gpu' is not a device type"):
         ext.mix.register_kernel("gpu", lambda x, lin: x)
 
 

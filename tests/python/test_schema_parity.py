@@ -208,3 +208,14 @@ def test_forms_torch_prints_but_cannot_parse_are_read_by_opforge():
     assert known_unparsable(text)
     assert structure_mismatches(text, schema) == []
     lib._destroy()
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [("Tensor", "Tensor"), ("SymInt", "SymInt"), ("int", "int"), ("Scalar", "Scalar"), ("ScalarType", "ScalarType"),
+     ("Device", "Device"), ("Any", "Any"), ("NoneType", "NoneType"), ("t", "Var"), ("int[]", "List"),
+     ("Tensor?", "Optional"), ("(int, str)", "Tuple"), ("Dict(str, Tensor)", "Dict"), ("Future(int)", "Future"),
+     ("Literal[1, 2]", "Literal"), ("Handle(mod.Runner)", "Handle")],
+)
+def test_a_types_kind_is_a_leaf_as_the_schema_prints_it_or_the_composites_own_name(text, kind):
+    assert _C.parse_type(text).kind == kind

@@ -25,11 +25,11 @@ from torch.library import wrap_triton  # noqa: E402
 
 import opforge  # noqa: E402
 import opforge.triton as ot  # noqa: E402
-import triton_helpers  # noqa: E402
-from opforge.triton import _kernels  # noqa: E402
+from opforge.triton import _launch  # noqa: E402
 from triton_helpers import kernels as K  # noqa: E402
 from triton_helpers import launchers, rebind  # noqa: E402
 from triton_helpers import ops as forms  # noqa: E402
+from triton_testing import interpreted_helpers  # noqa: E402
 
 JIT_OPS = forms.define("tt_jit")
 ADD_FORMS = list(forms.FORMS)
@@ -102,25 +102,18 @@ def xy(n=100):
     return torch.randn(n), torch.randn(n)
 
 
+def _adds(package) -> bool:
+    x, y = xy(40)
+    out = torch.empty_like(x)
+    package.kernels.add_kernel[(2,)](x, y, out, 40, BLOCK=32)
+    return torch.allclose(out, x + y)
+
+
 @functools.lru_cache(maxsize=None)
 def _interpreter():
     """The interpreted helper package and its ops, or the reason it cannot run here."""
-    try:
-        package = triton_helpers.load_interpreted()
-        x, y = xy(40)
-        out = torch.empty_like(x)
-        import os
-
-        os.environ["TRITON_INTERPRET"] = "1"
-        try:
-            package.kernels.add_kernel[(2,)](x, y, out, 40, BLOCK=32)
-        finally:
-            os.environ.pop("TRITON_INTERPRET", None)
-        if not torch.allclose(out, x + y):
-            return None, "Triton's interpreter computed a wrong sum on this torch/triton"
-        return (package, package.ops.define("tt_interp")), None
-    except Exception as e:  # pragma: no cover - depends on the installed versions
-        return None, f"Triton's interpreter does not run with this torch/triton: {type(e).__name__}: {e}"
+    package, reason = interpreted_helpers(_adds)
+    return ((package, package.ops.define("tt_interp")), None) if package is not None else (None, reason)
 
 
 @pytest.fixture
@@ -161,9 +154,19 @@ def test_plan_lists_the_kernel_each_form_launches(form):
 
 
 @pytest.mark.parametrize("form", NEEDS_EXTRA)
-def test_kernels_on_self_from_factories_and_globals_need_extra_triton_kernels(form):
+def test_kernels_on_self_and_from_globals_are_found_when_the_op_is_traced(form):
     body, _, _ = forms.FORMS[form]
-    assert ot.plan(f"tt_plan::{form}", body, mode="auto", extra_kernels=()) is None
+    plan = ot.plan(f"tt_plan::{form}", body, mode="auto", extra_kernels=())
+    assert plan.kernels == () and plan.at_run_time == plan.unresolved and len(plan.unresolved) == 1
+    op = opforge.op(fresh(form))(body)
+    assert op.triton_kernels == ()
+    assert graph_kernels(forward_graph(op, *xy())) == [K.add_kernel]
+    assert op.triton_kernels == (K.add_kernel,)
+
+
+@pytest.mark.parametrize("form", NEEDS_EXTRA)
+def test_extra_triton_kernels_lists_kernels_the_scan_cannot_resolve_before_tracing(form):
+    body, _, _ = forms.FORMS[form]
     plan = ot.plan(f"tt_plan::{form}", body, mode="auto", extra_kernels=(K.add_kernel,))
     assert plan.kernels == (K.add_kernel,)
     assert plan.unresolved  # the launch the scan saw but could not resolve
@@ -394,7 +397,7 @@ def test_user_wrapped_launch_is_not_wrapped_twice():
     op, _ = JIT_OPS["add_user_wrapped"]
     assert len(kernel_nodes(forward_graph(op, *xy()))) == 1
     already = wrap_triton(K.add_kernel)
-    assert _kernels.wrap(already) is already
+    assert _launch.wrap(already) is already
 
 
 # --- composition ------------------------------------------------------------------
@@ -656,10 +659,32 @@ def test_launch_next_to_a_torch_ops_custom_op_is_rejected():
         ot.plan("tt_plan::mixed_helper", through_helper, mode="auto", extra_kernels=())
 
 
-def test_force_without_a_kernel_is_rejected_and_names_the_unresolved_launch():
+def test_force_without_a_kernel_is_rejected_and_names_the_unresolved_launch(tmp_path):
+    # A module that does not import Triton: the launch it makes is not one the
+    # run time is expected to resolve.
+    plain = new_module(tmp_path, "tt_plain_launcher", """
+        class Launcher:
+            def __init__(self, kernel):
+                self.kernel = kernel
+
+            def launch(self, x, out):
+                self.kernel[(1,)](x, out)
+                return out
+    """)
+    launcher = plain.Launcher(None)
+
+    def body(x: torch.Tensor) -> torch.Tensor:
+        return launcher.launch(x, torch.empty_like(x))
+
+    assert ot.plan("tt_plan::plain_launcher", body, mode="auto", extra_kernels=()) is None
     with pytest.raises(ValueError, match=r"triton='force', but no Triton kernel was found.*self\.kernel\[\.\.\.\] "
-                                         r"at launchers\.py.*extra_triton_kernels="):
-        opforge.op(fresh("force_none"), triton="force")(forms.add_kernel_on_self)
+                                         r"at tt_plain_launcher\.py.*extra_triton_kernels="):
+        opforge.op(fresh("force_none"), triton="force")(body)
+
+
+def test_force_is_met_by_a_launch_the_run_time_resolves():
+    op = opforge.op(fresh("force_runtime"), triton="force")(forms.add_kernel_on_self)
+    assert graph_kernels(forward_graph(op, *xy())) == [K.add_kernel]
 
 
 def test_extra_triton_kernels_must_be_kernels():

@@ -8,9 +8,7 @@ them; eager values run on Triton's interpreter (see test_triton.py).
 """
 
 import dataclasses
-import functools
 import inspect
-import os
 import warnings
 
 import pytest
@@ -20,14 +18,14 @@ triton = pytest.importorskip("triton")
 
 import opforge  # noqa: E402
 import opforge.triton as ot  # noqa: E402
-import triton_helpers  # noqa: E402
 from opforge import _inspect  # noqa: E402
 from opforge.triton import _kernels, _trace, _writes  # noqa: E402
 from triton_helpers import lazy  # noqa: E402
 from triton_helpers import library as lib  # noqa: E402
 from triton_helpers import kernels as K  # noqa: E402
 from triton_testing import (  # noqa: E402
-    calls, chain_text, compile_error, graph_kernels, graphs, kernel_nodes, launch_arguments, mutation_analysis_on_cpu)
+    calls, chain_text, compile_error, graph_kernels, graphs, interpreter_fixture, kernel_nodes, launch_arguments,
+    mutation_analysis_on_cpu)
 
 Tensor = torch.Tensor
 _counter = iter(range(10**6))
@@ -57,30 +55,12 @@ def grad_input(n=64):
     return torch.randn(n, requires_grad=True)
 
 
-@functools.lru_cache(maxsize=None)
-def _interpreted():
-    try:
-        package = triton_helpers.load_interpreted()
-        x = torch.randn(40)
-        os.environ["TRITON_INTERPRET"] = "1"
-        try:
-            y = package.library.scale_forward(x, 2.0)
-        finally:
-            os.environ.pop("TRITON_INTERPRET", None)
-        if not torch.allclose(y, x * 2):
-            return None, "Triton's interpreter computed a wrong result on this torch/triton"
-        return package, None
-    except Exception as e:  # pragma: no cover - depends on the installed versions
-        return None, f"Triton's interpreter does not run with this torch/triton: {type(e).__name__}: {e}"
+def _scales_by_two(package) -> bool:
+    x = torch.randn(40)
+    return torch.allclose(package.library.scale_forward(x, 2.0), x * 2)
 
 
-@pytest.fixture
-def interp(monkeypatch):
-    package, reason = _interpreted()
-    if package is None:
-        pytest.skip(reason)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    return package
+interp = interpreter_fixture(_scales_by_two)
 
 
 @pytest.fixture
@@ -145,6 +125,17 @@ def test_a_backward_that_launches_nothing_is_kept_as_given():
     op = opforge.op(fresh("plain_bw"), backward=backward)(scaled_body)
     assert op._state.backward is backward
     assert graph_kernels(graphs(op, grad_input())["backward"]) == []
+
+
+def test_a_backward_that_launches_nothing_is_kept_as_given_next_to_a_launching_setup_context():
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(lib.scale_forward(inputs[0], 2.0))
+
+    def backward(ctx, grad):
+        return grad * 3.0
+
+    op = opforge.op(fresh("plain_bw_setup"), backward=backward, setup_context=setup_context)(scaled_body)
+    assert op._state.backward is backward and op._state.setup_context is not setup_context
 
 
 def test_triton_off_leaves_backward_as_given():

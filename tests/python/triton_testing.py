@@ -3,8 +3,11 @@ AOTAutograd hands to Inductor, captured without running them (kernels
 cannot run on CPU)."""
 
 import contextlib
+import functools
 import logging
+import os
 
+import pytest
 import torch
 import triton
 from torch._dynamo.backends.common import aot_autograd
@@ -83,13 +86,18 @@ def kernel_nodes(gm) -> list:
 
 
 def jit_function(kernel):
+    """The user's @triton.jit function under a kernel's layers (a launcher's,
+    autotune's, heuristics'), also behind the copy opforge hands Inductor
+    when the kernel calls helpers through a module."""
+    from opforge.triton import _flatten
+
     while not isinstance(kernel, triton.runtime.jit.JITFunction):
         kernel = kernel.fn
-    return kernel
+    return _flatten.original(kernel)
 
 
 def graph_kernels(gm) -> list:
-    """The @triton.jit functions the graph launches, in order."""
+    """The user's @triton.jit functions the graph launches, in order."""
     return [jit_function(kernel_side_table.get_kernel(n.kwargs["kernel_idx"])) for n in kernel_nodes(gm)]
 
 
@@ -135,3 +143,66 @@ def mutation_analysis_on_cpu():
         yield
     finally:
         _writes._analyse, _writes._driver_ready = analyse, ready
+
+
+class RecordingInductor:
+    """torch.compile's Inductor backend, recording the graphs AOTAutograd
+    hands it (forward first, backward at the first backward call)."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        def inner_compile(graph_module, inputs, *args, **kwargs):
+            self.graphs.append(graph_module)
+            return compile_fx_inner(graph_module, inputs, *args, **kwargs)
+
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile)
+
+    def kernel_nodes(self, index=0):
+        return kernel_nodes(self.graphs[index])
+
+    def kernels(self, index=0):
+        """The user's @triton.jit functions graph `index` launches (0: forward)."""
+        return graph_kernels(self.graphs[index])
+
+    def calls(self, op, index=0):
+        return calls(self.graphs[index], op)
+
+
+def interpreted_helpers(check):
+    """(the triton_helpers package built for Triton's interpreter, None), or
+    (None, why the interpreter cannot run here). `check(package)` runs a
+    kernel of it and says whether the result is right."""
+    import triton_helpers
+
+    try:
+        package = triton_helpers.load_interpreted()
+        os.environ["TRITON_INTERPRET"] = "1"
+        try:
+            right = check(package)
+        finally:
+            os.environ.pop("TRITON_INTERPRET", None)
+        if not right:
+            return None, "Triton's interpreter computed a wrong result on this torch/triton"
+        return package, None
+    except Exception as e:  # pragma: no cover - depends on the installed versions
+        return None, f"Triton's interpreter does not run with this torch/triton: {type(e).__name__}: {e}"
+
+
+def interpreter_fixture(check):
+    """A pytest fixture giving the interpreted triton_helpers package, with
+    TRITON_INTERPRET=1 set for the test, or skipping it with the reason."""
+    loaded = functools.lru_cache(maxsize=None)(lambda: interpreted_helpers(check))
+
+    @pytest.fixture
+    def interp(monkeypatch):
+        package, reason = loaded()
+        if package is None:
+            pytest.skip(reason)
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        return package
+
+    return interp

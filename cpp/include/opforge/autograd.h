@@ -50,4 +50,9 @@ class BelowAutograd {
 void RedispatchBelowAutograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
                              bool mutates);
 
+// Drops the no-backward kernel the torch layer gave an op of a C++ library,
+// so that a backward registered from Python can take its place. False when
+// the op had none.
+bool DropNoBackwardKernel(const std::string& qualname);
+
 }  // namespace opforge

@@ -45,6 +45,8 @@
 #include <vector>
 
 #include "opforge/library.h"
+// After library.h: it says what opforge::Tensor is.
+#include "opforge/detail/grads.h"
 
 namespace torch::autograd {
 struct AutogradContext;
@@ -83,145 +85,6 @@ class AutogradContext {
   const int64_t* counts_;  // tensors per tensor leaf, or null when each has one
 };
 
-// The gradient of a parameter that has none (a scalar, an enum, a handle).
-struct NoGrad {
-  NoGrad() = default;
-  NoGrad(std::nullopt_t) {}  // NOLINT: `return {grad, std::nullopt}` reads well
-};
-
-namespace detail {
-
-// The gradient of one flat leaf: a tensor, or the tensors of a Tensor[] leaf.
-struct LeafGrad {
-  at::Tensor one;
-  std::vector<at::Tensor> many;
-};
-
-[[noreturn]] void ThrowUnknownField(const std::string& struct_name, const char* method);
-
-}  // namespace detail
-
-// A struct parameter's gradient, given field by field: its Tensor fields (and
-// those of nested structs) get gradients, the others have none.
-//
-//   opforge::Grad<Cfg> g;
-//   g.set(&Cfg::w, grad_w).set(&Cfg::inner, opforge::Grad<Inner>().set(&Inner::t, grad_t));
-template <class S>
-class Grad {
-  static_assert(kIsStruct<S>, "opforge::Grad<S>: S must be an OPFORGE_STRUCT type.");
-
- public:
-  static constexpr size_t kLeaves = detail::StructNode<S>::kCount;
-
-  Grad& set(at::Tensor S::*field, at::Tensor grad) {
-    leaves_[Offset(field, "set")].one = std::move(grad);
-    return *this;
-  }
-  Grad& set(std::optional<at::Tensor> S::*field, at::Tensor grad) {
-    leaves_[Offset(field, "set")].one = std::move(grad);
-    return *this;
-  }
-  Grad& set(std::vector<at::Tensor> S::*field, std::vector<at::Tensor> grads) {
-    leaves_[Offset(field, "set")].many = std::move(grads);
-    return *this;
-  }
-  template <class T>
-  Grad& set(T S::*field, const Grad<T>& grad) {
-    Place(Offset(field, "set"), grad);
-    return *this;
-  }
-  template <class T>
-  Grad& set(std::optional<T> S::*field, const Grad<T>& grad) {
-    Place(Offset(field, "set") + 1, grad);  // after the presence leaf
-    return *this;
-  }
-  const at::Tensor& get(at::Tensor S::*field) const { return leaves_[Offset(field, "get")].one; }
-  const at::Tensor& get(std::optional<at::Tensor> S::*field) const {
-    return leaves_[Offset(field, "get")].one;
-  }
-
-  // Leaf gradients in the struct's flat order.
-  const std::array<detail::LeafGrad, kLeaves>& leaves() const { return leaves_; }
-  std::array<detail::LeafGrad, kLeaves>& leaves() { return leaves_; }
-
- private:
-  template <class T>
-  void Place(size_t offset, const Grad<T>& grad) {
-    for (size_t i = 0; i < Grad<T>::kLeaves; ++i) leaves_[offset + i] = grad.leaves()[i];
-  }
-
-  // The first leaf of `field`, found among the reflected fields of S.
-  template <class M>
-  static size_t Offset(M S::*field, const char* method) {
-    size_t found = kLeaves;
-    FindField(field, found, std::make_index_sequence<detail::StructNode<S>::kFields>{});
-    if (found == kLeaves) detail::ThrowUnknownField(detail::StructNode<S>::Name(), method);
-    return found;
-  }
-  template <class M, size_t... J>
-  static void FindField(M S::*field, size_t& found, std::index_sequence<J...>) {
-    constexpr auto fields = opforge_reflect(static_cast<S*>(nullptr));
-    (
-        [&] {
-          if constexpr (std::is_same_v<detail::FieldType<S, J>, M>) {
-            if (std::get<J>(fields).member == field) found = detail::FieldOffset<S, J>();
-          }
-        }(),
-        ...);
-  }
-
-  std::array<detail::LeafGrad, kLeaves> leaves_;
-};
-
-namespace detail {
-
-template <class T, class = void>
-struct GradOfImpl {
-  using type = NoGrad;
-};
-template <>
-struct GradOfImpl<at::Tensor> {
-  using type = at::Tensor;
-};
-template <>
-struct GradOfImpl<std::optional<at::Tensor>> {
-  using type = at::Tensor;
-};
-template <>
-struct GradOfImpl<std::vector<at::Tensor>> {
-  using type = std::vector<at::Tensor>;
-};
-template <class S>
-struct GradOfImpl<S, std::enable_if_t<kIsStruct<S>>> {
-  using type = Grad<S>;
-};
-template <class S>
-struct GradOfImpl<std::optional<S>, std::enable_if_t<kIsStruct<S>>> {
-  using type = Grad<S>;
-};
-
-template <class Fn>
-struct GradsForImpl;
-template <class R, class... Args>
-struct GradsForImpl<R(Args...)> {
-  using type = std::tuple<typename GradOfImpl<std::decay_t<Args>>::type...>;
-};
-template <class R, class... Args>
-struct GradsForImpl<R (*)(Args...)> : GradsForImpl<R(Args...)> {};
-
-}  // namespace detail
-
-// The gradient type of a parameter of type T: at::Tensor for tensors,
-// std::vector<at::Tensor> for Tensor[], Grad<S> for structs, NoGrad otherwise.
-template <class T>
-using GradOf = typename detail::GradOfImpl<std::decay_t<T>>::type;
-
-// What backward returns for a kernel `Fn`: one gradient per parameter.
-//   GradsFor<at::Tensor(const at::Tensor&, const Cfg&, int64_t)>
-//     == std::tuple<at::Tensor, Grad<Cfg>, NoGrad>
-template <class Fn>
-using GradsFor = typename detail::GradsForImpl<std::decay_t<Fn>>::type;
-
 namespace detail {
 
 // ---------------------------------------------------------------------------
@@ -229,9 +92,7 @@ namespace detail {
 
 // One op's backward, made at registration and never freed: graph nodes may
 // outlive the library that registered it.
-struct AutogradOp {
-  std::string name;                      // "mylib::affine"
-  std::vector<std::string> param_names;  // for error messages
+struct AutogradOp : OpNames {
   std::vector<int> tensor_leaf_param;    // per Tensor leaf: its parameter
   bool dynamic = false;                  // Tensor? or Tensor[] leaves: counts vary per call
   std::vector<at::Tensor> (*backward)(AutogradContext& ctx, const AutogradOp& op,
@@ -262,8 +123,6 @@ const std::vector<c10::DispatchKey>& AutogradRuntimeKeys();
 // parameter names. Throws for an unknown op or one that mutates arguments.
 void PrepareAutogradOp(const std::string& qualified, size_t num_params, AutogradOp& op);
 
-[[noreturn]] void ThrowNonTensorGrad(const AutogradOp& op, size_t param);
-[[noreturn]] void ThrowListGradSize(const AutogradOp& op, size_t param, size_t expected, size_t got);
 [[noreturn]] void ThrowUndefinedInput(const AutogradOp& op, size_t param);
 
 // ---------------------------------------------------------------------------
@@ -331,146 +190,6 @@ int64_t CollectInputs(const F& v, std::vector<at::Tensor>& inputs) {
     }
     inputs.insert(inputs.end(), list.begin(), list.end());
     return static_cast<int64_t>(list.size());
-  }
-}
-
-// Offset of parameter K's first flat leaf.
-template <size_t K, class... Args>
-constexpr size_t ParamOffset() {
-  if constexpr (K == 0) {
-    return 0;
-  } else {
-    using Prev = std::decay_t<std::tuple_element_t<K - 1, std::tuple<Args...>>>;
-    return ParamOffset<K - 1, Args...>() + Node<Prev>::kCount;
-  }
-}
-
-// Outputs: an op with a backward returns Tensor, a tuple of Tensors,
-// Tensor[] or a struct whose fields are all Tensors.
-template <class R, class = void>
-struct Outputs {
-  static constexpr bool kSupported = false;
-};
-template <>
-struct Outputs<at::Tensor> {
-  static constexpr bool kSupported = true;
-  using Flat = at::Tensor;
-  static std::vector<at::Tensor> ToList(at::Tensor out) { return {std::move(out)}; }
-  static at::Tensor FromList(std::vector<at::Tensor>&& outs) { return std::move(outs[0]); }
-  static const at::Tensor& Original(const at::Tensor& out) { return out; }
-  template <class G, class Ctx>
-  static auto Backward(Ctx* ctx, std::vector<at::Tensor>& grads) {
-    return G::backward(ctx, grads[0]);
-  }
-};
-template <>
-struct Outputs<std::vector<at::Tensor>> {
-  static constexpr bool kSupported = true;
-  using Flat = std::vector<at::Tensor>;
-  static std::vector<at::Tensor> ToList(std::vector<at::Tensor> out) { return out; }
-  static std::vector<at::Tensor> FromList(std::vector<at::Tensor>&& outs) { return std::move(outs); }
-  static const std::vector<at::Tensor>& Original(const std::vector<at::Tensor>& out) { return out; }
-  template <class G, class Ctx>
-  static auto Backward(Ctx* ctx, std::vector<at::Tensor>& grads) {
-    return G::backward(ctx, grads);
-  }
-};
-template <class... T>
-struct Outputs<std::tuple<T...>,
-               std::enable_if_t<(std::is_same_v<T, at::Tensor> && ...)>> {
-  static constexpr bool kSupported = true;
-  using Flat = std::tuple<T...>;
-  static std::vector<at::Tensor> ToList(Flat out) {
-    return std::apply([](auto&... t) { return std::vector<at::Tensor>{std::move(t)...}; }, out);
-  }
-  static Flat FromList(std::vector<at::Tensor>&& outs) {
-    return FromListImpl(outs, std::index_sequence_for<T...>{});
-  }
-  template <size_t... I>
-  static Flat FromListImpl(std::vector<at::Tensor>& outs, std::index_sequence<I...>) {
-    return Flat(std::move(outs[I])...);
-  }
-  static const Flat& Original(const Flat& out) { return out; }
-  template <class G, class Ctx>
-  static auto Backward(Ctx* ctx, std::vector<at::Tensor>& grads) {
-    return CallBackward<G>(ctx, grads, std::index_sequence_for<T...>{});
-  }
-  template <class G, class Ctx, size_t... I>
-  static auto CallBackward(Ctx* ctx, std::vector<at::Tensor>& grads, std::index_sequence<I...>) {
-    return G::backward(ctx, grads[I]...);
-  }
-};
-
-template <class S, size_t... J>
-constexpr bool AllTensorFields(std::index_sequence<J...>) {
-  return (std::is_same_v<FieldType<S, J>, at::Tensor> && ...);
-}
-
-// A struct return: its Tensor fields; backward gets the gradients as an S.
-template <class S>
-struct Outputs<S, std::enable_if_t<kIsStruct<S>>> {
-  static constexpr size_t kFields = StructNode<S>::kFields;
-  static constexpr bool kSupported = AllTensorFields<S>(std::make_index_sequence<kFields>{});
-  using Flat = typename Ret<S>::Flat;
-  using Tuple = Outputs<Flat>;
-  static std::vector<at::Tensor> ToList(Flat out) { return Tuple::ToList(std::move(out)); }
-  static Flat FromList(std::vector<at::Tensor>&& outs) { return Tuple::FromList(std::move(outs)); }
-  template <class List>
-  static S Rebuild(const List& items) {
-    return RebuildImpl(items, std::make_index_sequence<kFields>{});
-  }
-  template <class List, size_t... J>
-  static S RebuildImpl(const List& items, std::index_sequence<J...>) {
-    constexpr auto fields = opforge_reflect(static_cast<S*>(nullptr));
-    S s{};
-    ((s.*(std::get<J>(fields).member) = Item<J>(items)), ...);
-    return s;
-  }
-  template <size_t J>
-  static const at::Tensor& Item(const Flat& t) { return std::get<J>(t); }
-  template <size_t J>
-  static const at::Tensor& Item(const std::vector<at::Tensor>& v) { return v[J]; }
-  static S Original(const Flat& out) { return Rebuild(out); }
-  template <class G, class Ctx>
-  static auto Backward(Ctx* ctx, std::vector<at::Tensor>& grads) {
-    return G::backward(ctx, Rebuild(grads));
-  }
-};
-
-// ---------------------------------------------------------------------------
-// Gradients returned by backward -> leaf gradients.
-
-template <class P, class V>
-void PutGrad(const AutogradOp& op, size_t param, LeafGrad* leaves, V&& value) {
-  using T = std::decay_t<V>;
-  if constexpr (std::is_same_v<T, NoGrad> || std::is_same_v<T, std::nullopt_t>) {
-    return;
-  } else if constexpr (std::is_same_v<P, at::Tensor> || std::is_same_v<P, std::optional<at::Tensor>>) {
-    if constexpr (std::is_same_v<T, std::optional<at::Tensor>>) {
-      if (value.has_value()) leaves[0].one = *std::forward<V>(value);
-    } else {
-      static_assert(std::is_convertible_v<V, at::Tensor>,
-                    "opforge: the gradient of a Tensor parameter is an at::Tensor (or NoGrad).");
-      leaves[0].one = std::forward<V>(value);
-    }
-  } else if constexpr (std::is_same_v<P, std::vector<at::Tensor>>) {
-    static_assert(std::is_convertible_v<V, std::vector<at::Tensor>>,
-                  "opforge: the gradient of a Tensor[] parameter is a std::vector<at::Tensor> (or NoGrad).");
-    leaves[0].many = std::forward<V>(value);
-  } else if constexpr (kIsStruct<P>) {
-    static_assert(std::is_same_v<T, Grad<P>>,
-                  "opforge: the gradient of a struct parameter S is an opforge::Grad<S> (or NoGrad).");
-    for (size_t i = 0; i < Grad<P>::kLeaves; ++i) leaves[i] = value.leaves()[i];
-  } else if constexpr (IsOptionalStruct<P>::value) {
-    using S = typename P::value_type;
-    static_assert(std::is_same_v<T, Grad<S>>,
-                  "opforge: the gradient of an optional struct parameter S is an opforge::Grad<S> (or NoGrad).");
-    for (size_t i = 0; i < Grad<S>::kLeaves; ++i) leaves[1 + i] = value.leaves()[i];
-  } else {
-    // Scalars, enums, handles: only "no gradient" is accepted.
-    static_assert(std::is_same_v<T, at::Tensor>,
-                  "opforge: a parameter that is not a Tensor has no gradient; return opforge::NoGrad{} for it.");
-    if (value.defined()) ThrowNonTensorGrad(op, param);
   }
 }
 
@@ -563,10 +282,8 @@ struct AutogradKernel<G, R, TypeList<Args...>, TypeList<FlatArgs...>> {
    private:
     template <size_t... K>
     void Setup(AutogradContext& ctx, const Result& out, std::index_sequence<K...>) {
-      G::setup_context(
-          &ctx,
-          Node<std::decay_t<Args>>::template Build<ParamOffset<K, Args...>()>(args_)...,
-          Out::Original(out));
+      TupleReader<Tuple> r{args_};
+      G::setup_context(&ctx, Param<Args, kParamOffset<K, Args...>>(r)..., Out::Original(out));
     }
 
     const AutogradKernel& kernel_;
@@ -596,7 +313,7 @@ struct AutogradKernel<G, R, TypeList<Args...>, TypeList<FlatArgs...>> {
   template <class Tuple, size_t... K>
   static void Scatter(const AutogradOp& op, std::array<LeafGrad, kLeaves>& leaves, Tuple&& result,
                       std::index_sequence<K...>) {
-    (PutGrad<std::decay_t<Args>>(op, K, leaves.data() + ParamOffset<K, Args...>(),
+    (PutGrad<std::decay_t<Args>>(op, K, leaves.data() + kParamOffset<K, Args...>,
                                  std::get<K>(std::forward<Tuple>(result))),
      ...);
   }
@@ -645,7 +362,7 @@ struct AutogradRegistrar<G, R(Args...)> {
                 "opforge: an op with a C++ backward returns at::Tensor, a std::tuple of at::Tensor, "
                 "std::vector<at::Tensor> or a struct whose fields are all at::Tensor.");
 
-  using Flat = typename Concat<typename Node<std::decay_t<Args>>::Flat...>::type;
+  using Flat = typename Concat<typename ParamFlat<Args>::type...>::type;
   using Kernel = AutogradKernel<G, R, TypeList<Args...>, Flat>;
 
   template <size_t... K>
@@ -653,14 +370,14 @@ struct AutogradRegistrar<G, R(Args...)> {
     size_t flat = 0;
     (
         [&] {
-          for (size_t i = 0; i < Node<std::decay_t<Args>>::kCount; ++i, ++flat) {
+          for (size_t i = 0; i < ParamNode<Args>::kCount; ++i, ++flat) {
             if (Kernel::kKinds[flat] != TensorKind::kNone) out.push_back(static_cast<int>(K));
           }
         }(),
         ...);
   }
 
-  static void Register(Library& lib, const std::string& qualified) {
+  static void Register(torch::Library& lib, const std::string& qualified) {
     auto* op = new AutogradOp();  // never freed: see AutogradOp
     PrepareAutogradOp(qualified, sizeof...(Args), *op);
     TensorLeafParams(op->tensor_leaf_param, std::index_sequence_for<Args...>{});
@@ -670,7 +387,7 @@ struct AutogradRegistrar<G, R(Args...)> {
                       .findSchemaOrThrow(qualified.c_str(), "")
                       .template typed<typename Kernel::Signature>();
     for (c10::DispatchKey key : AutogradRuntimeKeys()) {
-      lib.torch_library().impl(qualified.c_str(), torch::dispatch(key, Kernel{op, handle}));
+      lib.impl(qualified.c_str(), torch::dispatch(key, Kernel{op, handle}));
     }
   }
 };

@@ -174,6 +174,9 @@ struct ParseOptions {
   // torch rejects a positional argument without a default after one with a
   // default. Specs may relax this; lowering restores the rule.
   bool allow_default_before_required = false;
+  // Resolves a type name `N` as `scope.N` first (a C++ library's own structs
+  // and enums, registered under its op namespace), then as `N`.
+  std::string scope;
 };
 
 // Throws ParseError (with the offset of the bad token) or Error.

@@ -19,6 +19,8 @@ struct LowerOptions {
   // Names of mutated parameters: an original parameter (a struct expands to
   // its Tensor leaves), a leaf (`cfg__w`) or a field path (`cfg.w`).
   std::vector<std::string> mutates_args;
+  // Type names resolve as `scope.Name` first (see ParseOptions::scope).
+  std::string scope;
 };
 
 // What a front end needs to know about one flat argument.

@@ -79,9 +79,12 @@ void CheckLiteralValues(const std::vector<Value>& values);
 // True for a C identifier: a letter or '_', then letters, digits and '_'.
 bool IsIdentifier(std::string_view name);
 
-// Builds a StructDef from field texts, resolving nested names in `registry`.
+// Builds a StructDef from field texts, resolving nested names in `registry`:
+// in `scope` first (a C++ library's namespace), by default in the struct's
+// own dotted prefix (`mod.Outer` finds `mod.Inner` as `Inner`).
 StructDef MakeStruct(std::string name, const std::vector<FieldText>& fields,
-                     const TypeRegistry& registry = TypeRegistry::Global());
+                     const TypeRegistry& registry = TypeRegistry::Global(),
+                     const std::optional<std::string>& scope = std::nullopt);
 
 // Two layouts are the same when field names, types and defaults match.
 bool SameLayout(const StructDef& a, const StructDef& b);

@@ -99,6 +99,14 @@ void MarkMutated(Argument& arg, int index) {
   }
 }
 
+bool IsWrite(const AliasInfo& info) {
+  if (info.is_write) return true;
+  for (const auto& c : info.contained) {
+    if (IsWrite(c)) return true;
+  }
+  return false;
+}
+
 bool ValidOpName(const std::string& name) {
   size_t sep = name.find("::");
   if (sep == std::string::npos || sep == 0 || sep + 2 >= name.size()) return false;
@@ -177,7 +185,12 @@ class Lowerer {
     leaf.N = flat_name == origin.name ? origin.N : std::nullopt;
     leaf.default_value = def;
     leaf.kwarg_only = origin.kwarg_only;
-    if (flat_name == origin.name) leaf.alias_info = origin.alias_info;
+    if (flat_name == origin.name && origin.alias_info) {
+      // A leaf written as `Tensor!` or `Tensor(a!)` (the C++ way of saying
+      // mutates_args) is mutated like one named in mutates_args.
+      leaf.alias_info = origin.alias_info;
+      info.mutated = IsWrite(*origin.alias_info);
+    }
     if (leaf.default_value && leaf.default_value->kind == Value::Kind::kNone &&
         !leaf_type->is_optional() && leaf_type->kind != TypeKind::kTensor &&
         leaf_type->kind != TypeKind::kGenerator) {
@@ -558,6 +571,7 @@ LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options,
   ParseOptions parse;
   parse.registry = &registry;
   parse.allow_default_before_required = true;
+  parse.scope = options.scope;
   FunctionSchema spec;
   try {
     spec = ParseSchema(spec_text, parse);

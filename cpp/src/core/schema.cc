@@ -6,6 +6,7 @@
 #include <cstring>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "opforge/error.h"
@@ -517,6 +518,56 @@ std::string PrintSchema(const FunctionSchema& schema, bool definable) {
 
 std::string ToString(const FunctionSchema& schema) { return PrintSchema(schema, false); }
 
-std::string ToDefinableString(const FunctionSchema& schema) { return PrintSchema(schema, true); }
+namespace {
+
+void CollectSets(const AliasInfo& info, std::set<std::string>& out) {
+  out.insert(info.before_sets.begin(), info.before_sets.end());
+  out.insert(info.after_sets.begin(), info.after_sets.end());
+  for (const auto& c : info.contained) CollectSets(c, out);
+}
+
+// `Tensor!` is a write to a fresh alias set that torch names `$0` and prints
+// as `Tensor($0! -> )`, which its parser rejects. The same write to a named
+// set that no other argument uses means the same to torch: `Tensor(_0!)`.
+void NameFreshSets(AliasInfo& info, std::map<std::string, std::string>& names,
+                   const std::set<std::string>& taken) {
+  bool fresh = false;
+  for (auto& set : info.before_sets) {
+    if (set.empty() || set[0] != '$') continue;
+    auto it = names.find(set);
+    if (it == names.end()) {
+      std::string name = "_" + set.substr(1);
+      while (taken.count(name)) name += "_";
+      it = names.emplace(set, name).first;
+    }
+    set = it->second;
+    fresh = true;
+  }
+  if (fresh && info.after_sets.empty()) info.after_sets = info.before_sets;
+  for (auto& c : info.contained) NameFreshSets(c, names, taken);
+}
+
+}  // namespace
+
+std::string ToDefinableString(const FunctionSchema& schema) {
+  std::set<std::string> taken;
+  bool has_fresh = false;
+  for (const auto* list : {&schema.arguments, &schema.returns}) {
+    for (const auto& arg : *list) {
+      if (!arg.alias_info) continue;
+      CollectSets(*arg.alias_info, taken);
+    }
+  }
+  for (const auto& set : taken) has_fresh = has_fresh || (!set.empty() && set[0] == '$');
+  if (!has_fresh) return PrintSchema(schema, true);
+  FunctionSchema named = schema;
+  std::map<std::string, std::string> names;
+  for (auto* list : {&named.arguments, &named.returns}) {
+    for (auto& arg : *list) {
+      if (arg.alias_info) NameFreshSets(*arg.alias_info, names, taken);
+    }
+  }
+  return PrintSchema(named, true);
+}
 
 }  // namespace opforge

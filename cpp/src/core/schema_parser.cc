@@ -531,6 +531,12 @@ class SchemaParser {
       if (name == entry.name) return Type::Get(entry.kind);
     }
     if (options_.registry) {
+      // A library's own types first: `NormCfg` in library `liba` is `liba.NormCfg`.
+      if (!options_.scope.empty()) {
+        const std::string scoped = options_.scope + "." + name;
+        if (options_.registry->FindStruct(scoped)) return Type::Named(TypeKind::kStruct, scoped);
+        if (options_.registry->FindEnum(scoped)) return Type::Named(TypeKind::kEnum, scoped);
+      }
       if (options_.registry->FindStruct(name)) return Type::Named(TypeKind::kStruct, name);
       if (options_.registry->FindEnum(name)) return Type::Named(TypeKind::kEnum, name);
     }

@@ -232,11 +232,18 @@ std::vector<std::string> TypeRegistry::Names() const {
 }
 
 StructDef MakeStruct(std::string name, const std::vector<FieldText>& fields,
-                     const TypeRegistry& registry) {
+                     const TypeRegistry& registry, const std::optional<std::string>& scope) {
   StructDef def;
   def.name = std::move(name);
   ParseOptions options;
   options.registry = &registry;
+  // Nested types as written in C++: `Inner` in library liba is `liba.Inner`.
+  const size_t dot = def.name.rfind('.');
+  if (scope) {
+    options.scope = *scope;
+  } else if (dot != std::string::npos) {
+    options.scope = def.name.substr(0, dot);
+  }
   for (const auto& text : fields) {
     StructField field;
     field.name = text.name;

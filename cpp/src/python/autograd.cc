@@ -229,7 +229,7 @@ void GradBridge::AddLeaves(const Node& node, size_t param) {
   }
   if (node.kind == Node::Kind::kLeaf && node.tensor_slot >= 0) {
     leaves_.push_back({static_cast<size_t>(node.leaf_index), param, node.rule.kind == LeafRule::Kind::kList,
-                       node.where});
+                       node.where.Text()});
   }
 }
 

@@ -21,6 +21,7 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/Device.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Generator.h>
@@ -87,14 +88,30 @@ std::string Fix(Context context, const std::string& what) {
   return "";
 }
 
-PyObject* Fail(PyObject* exc, const std::string& op, const std::string& where, Context context,
+}  // namespace
+
+Location Location::Field(const std::string& qual, const std::string& name) const {
+  Location out = *this;
+  out.fields.push_back(qual + "." + name);
+  return out;
+}
+
+std::string Location::Text() const {
+  std::string out = top;
+  for (const auto& field : fields) out += ", field " + field;
+  return out;
+}
+
+namespace {
+
+PyObject* Fail(PyObject* exc, const std::string& op, const Location& where, Context context,
                const std::string& what, const std::string& fix) {
-  const std::string message = op + ": " + where + Suffix(context) + ": " + what + " " + fix;
+  const std::string message = op + ": " + where.Text() + Suffix(context) + ": " + what + " " + fix;
   PyErr_SetString(exc, message.c_str());
   return nullptr;
 }
 
-PyObject* FailExpected(const std::string& op, const std::string& where, Context context,
+PyObject* FailExpected(const std::string& op, const Location& where, Context context,
                        const std::string& expected, bool optional, PyObject* obj) {
   const std::string want = optional ? expected + " or None" : expected;
   if (context == Context::kDefault && obj == Py_None) {
@@ -300,15 +317,16 @@ std::string Qualname(PyObject* cls) {
   return out;
 }
 
-std::string ParamPart(const std::string& where) { return where.substr(0, where.find(',')); }
-
+// Whether a leaf's values may stand for a struct built from them: immutable,
+// and equal only when they rebuild the same. A Scalar is not: 1, 1.0 and True
+// are equal but reach the body as three types. The Python kernels' struct
+// reuse (cacheable_leaves) and StructCache both follow this rule.
 bool CacheableLeaf(const LeafRule& rule) {
   switch (rule.kind) {
     case Kind::kInt:
     case Kind::kFloat:
     case Kind::kBool:
     case Kind::kStr:
-    case Kind::kScalar:
     case Kind::kScalarType:
     case Kind::kLayout:
     case Kind::kMemoryFormat:
@@ -386,7 +404,6 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
     PyUnicode_InternInPlace(&raw);
     names_.push_back(py::reinterpret_steal<py::object>(raw));
     const bool kw = p[1].cast<bool>();
-    kw_only_.push_back(kw);
     if (kw) {
       kw_names.push_back(p[0].cast<std::string>());
     } else {
@@ -403,7 +420,7 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
   }
   std::vector<int> slot_of_leaf(lowered.flat.arguments.size(), -1);
   for (size_t i = 0; i < lowered.params.size(); ++i) {
-    const std::string where = "parameter '" + lowered.params[i].name + "'";
+    const Location where{"parameter '" + lowered.params[i].name + "'", {}};
     params_.push_back(BuildParam(lowered.params[i], lowered, flat_, where, classes, enum_values,
                                  handle_classes, /*top=*/true));
   }
@@ -419,8 +436,7 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
     throw std::invalid_argument(op_ + ": tensor leaves out of order");
   }
   for (size_t i = 0; i < lowered.returns.size(); ++i) {
-    const std::string where = lowered.returns.size() == 1 ? "return value"
-                                                          : "return value " + std::to_string(i);
+    const Location where{lowered.returns.size() == 1 ? "return value" : "return value " + std::to_string(i), {}};
     returns_.push_back(BuildReturn(lowered.returns[i], flat_, where, classes));
   }
   std::vector<std::string> flat_kw;
@@ -470,7 +486,7 @@ void FillStruct(Node& node, const MappingNode& m, py::dict classes, BuildChild b
     PyUnicode_InternInPlace(&raw);
     node.field_names.push_back(py::reinterpret_steal<py::object>(raw));
     kwnames[i] = node.field_names.back();
-    node.children.push_back(build_child(child, ParamPart(node.where) + ", field " + node.qual + "." + child.name));
+    node.children.push_back(build_child(child, node.where.Field(node.qual, child.name)));
   }
   node.kwnames = kwnames;
   node.has_tensor_slots = HasTensorSlots(node);
@@ -479,13 +495,14 @@ void FillStruct(Node& node, const MappingNode& m, py::dict classes, BuildChild b
 }  // namespace
 
 Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
-                          const c10::FunctionSchema& flat, const std::string& where,
+                          const c10::FunctionSchema& flat, const Location& where,
                           py::dict classes, py::dict enum_values, py::dict handle_classes, bool top) {
   Node node;
   node.where = where;
+  node.leaf_index = m.leaf_index;
+  node.presence_index = m.presence_index;
   if (m.kind == MappingNode::Kind::kLeaf) {
     const size_t index = static_cast<size_t>(m.leaf_index);
-    node.leaf_index = m.leaf_index;
     const LeafInfo& info = lowered.leaves[index];
     const c10::Argument& arg = flat.arguments().at(index);
     node.rule = MakeRule(arg.real_type(), arg.N());
@@ -525,8 +542,7 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
     return node;
   }
   node.optional = m.optional;
-  node.presence_index = m.presence_index;
-  FillStruct(node, m, classes, [&](const MappingNode& child, const std::string& child_where) {
+  FillStruct(node, m, classes, [&](const MappingNode& child, const Location& child_where) {
     return BuildParam(child, lowered, flat, child_where, classes, enum_values, handle_classes, false);
   });
   node.cacheable = Cacheable(node);
@@ -534,7 +550,7 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
   return node;
 }
 
-Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat, const std::string& where,
+Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat, const Location& where,
                            py::dict classes) {
   Node node;
   node.where = where;
@@ -545,10 +561,45 @@ Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat
     node.optional = node.rule.optional;
     return node;
   }
-  FillStruct(node, m, classes, [&](const MappingNode& child, const std::string& child_where) {
+  FillStruct(node, m, classes, [&](const MappingNode& child, const Location& child_where) {
     return BuildReturn(child, flat, child_where, classes);
   });
   return node;
+}
+
+// --- flattening, for ops whose kernels torch calls ----------------------------
+
+namespace {
+
+c10::IValue LeafIValue(const LeafRule& rule, const c10::Argument& arg, PyObject* obj) {
+  if (obj == Py_None) return c10::IValue();
+  switch (rule.kind) {
+    case Kind::kTensor: return THPVariable_Unpack(obj);
+    case Kind::kInt:
+      if (PyLong_CheckExact(obj)) return static_cast<int64_t>(PyLong_AsLongLong(obj));
+      break;
+    case Kind::kFloat:
+      if (PyFloat_CheckExact(obj)) return PyFloat_AS_DOUBLE(obj);
+      break;
+    case Kind::kBool: return obj == Py_True;
+    default: break;
+  }
+  return torch::jit::toIValue(py::handle(obj), arg.real_type(), arg.N());
+}
+
+}  // namespace
+
+bool Boundary::Flatten(PyObject* const* converted, std::vector<c10::IValue>& stack) {
+  const size_t n = flat_.arguments().size();
+  c10::SmallVector<PyObject*, 16> leaves(n, nullptr);
+  std::vector<PyObject*> owned;
+  const bool ok = FlattenLeaves(converted, leaves.data(), owned);
+  if (ok) {
+    stack.resize(n);
+    for (size_t i = 0; i < n; ++i) stack[i] = LeafIValue(argument_rules_[i], flat_.arguments()[i], leaves[i]);
+  }
+  for (PyObject* p : owned) Py_DECREF(p);
+  return ok;
 }
 
 // --- binding and conversion --------------------------------------------------
@@ -691,7 +742,7 @@ PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, std::
         if (node.optional) return Py_NewRef(Py_None);
         return FailExpected(op_, node.where, ctx, "a " + Qualname(node.cls.ptr()) + " object", false, obj);
       }
-      const std::string at = op_ + ": " + node.where;
+      const std::string at = op_ + ": " + node.where.Text();
       py::str where_text(at);
       PyObject* call_args[] = {obj, node.cls.ptr(), where_text.ptr()};
       return PyObject_Vectorcall(handle_check_.ptr(), call_args, 3, nullptr);
@@ -792,21 +843,22 @@ PyObject* Boundary::ConvertReturnNode(Node& node, PyObject* obj) {
 }
 
 PyObject* Boundary::CheckReturn(PyObject* value) {
+  static const Location kReturnValue{"return value", {}};
   const size_t n = returns_.size();
   if (n == 0) {
     if (value == Py_None) return Py_NewRef(Py_None);
-    return Fail(PyExc_TypeError, op_, "return value", Context::kReturn,
+    return Fail(PyExc_TypeError, op_, kReturnValue, Context::kReturn,
                 "expected None (the op returns nothing), got " + Describe(value) + ".", "Return None.");
   }
   if (n == 1) return ConvertReturnNode(returns_[0], value);
   if (!PyTuple_Check(value) && !PyList_Check(value)) {
-    return Fail(PyExc_TypeError, op_, "return value", Context::kReturn,
+    return Fail(PyExc_TypeError, op_, kReturnValue, Context::kReturn,
                 "expected a tuple of " + std::to_string(n) + " values, got " + Describe(value) + ".",
                 "Return a tuple of " + std::to_string(n) + " values.");
   }
   const Py_ssize_t got = PySequence_Fast_GET_SIZE(value);
   if (static_cast<size_t>(got) != n) {
-    return Fail(PyExc_TypeError, op_, "return value", Context::kReturn,
+    return Fail(PyExc_TypeError, op_, kReturnValue, Context::kReturn,
                 "expected a tuple of " + std::to_string(n) + " values, got " + TypeName(value) + " of " +
                     std::to_string(got) + ".",
                 "Return a tuple of " + std::to_string(n) + " values.");
@@ -861,7 +913,7 @@ bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** lea
         return true;
       }
       if (!handle_for_) handle_for_ = py::module_::import("opforge.handles").attr("handle_for");
-      py::str at(op_ + ": " + node.where);
+      py::str at(op_ + ": " + node.where.Text());
       PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
       return (leaves[node.leaf_index] = keep(PyObject_Vectorcall(handle_for_.ptr(), call_args, 3, nullptr))) !=
              nullptr;
@@ -902,6 +954,13 @@ PyObject* Boundary::RebuildReturn(const Node& node, PyObject* const* flat) {
   return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
 }
 
+bool Boundary::FlattenLeaves(PyObject* const* converted, PyObject** leaves, std::vector<PyObject*>& owned) {
+  for (size_t p = 0; p < params_.size(); ++p) {
+    if (!FlattenArgument(params_[p], converted[p], leaves, owned)) return false;
+  }
+  return true;
+}
+
 PyObject* Boundary::Dispatch(PyObject* overload, PyObject* const* converted) {
   const size_t n = flat_.arguments().size();
   c10::SmallVector<PyObject*, 16> leaves(n, nullptr);
@@ -912,9 +971,7 @@ PyObject* Boundary::Dispatch(PyObject* overload, PyObject* const* converted) {
       for (PyObject* p : items) Py_DECREF(p);
     }
   } release{owned};
-  for (size_t p = 0; p < params_.size(); ++p) {
-    if (!FlattenArgument(params_[p], converted[p], leaves.data(), owned)) return nullptr;
-  }
+  if (!FlattenLeaves(converted, leaves.data(), owned)) return nullptr;
   PyObject* out = PyObject_Vectorcall(overload, leaves.data(), num_flat_positional_, flat_kwnames_.ptr());
   if (out == nullptr) return nullptr;
   bool leaf_returns = true;
@@ -962,6 +1019,12 @@ py::tuple Boundary::ConvertCall(py::args args, py::kwargs kwargs) {
   py::tuple result(n);
   for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(result.ptr(), static_cast<Py_ssize_t>(i), out[i]);
   return result;
+}
+
+py::list Boundary::CacheableLeaves() {
+  py::list out;
+  for (const auto& arg : flat_.arguments()) out.append(CacheableLeaf(MakeRule(arg.real_type(), arg.N())));
+  return out;
 }
 
 py::list Boundary::FlatDefaults() {
@@ -1133,7 +1196,31 @@ struct OpObject {
   GradBridge* bridge;  // the bridge inside `autograd`
   PyObject* fallback;  // the class's Python __call__, for what the boundary cannot bind
   bool has_backward;   // eager calls that need a gradient take the bridge
+  // Ops whose kernels torch calls (C++ libraries): the eager path calls the
+  // dispatcher from here, as torch.ops would, without the Python flatten.
+  std::optional<c10::OperatorHandle>* dispatcher_op;
+  PyObject* rebuild_output;  // flat returns -> struct returns, or null when all are leaves
 };
+
+// The dispatcher call of a C++ op's eager fast path.
+PyObject* CallDispatcher(OpObject* op, PyObject* const* converted) {
+  std::vector<c10::IValue> stack;
+  if (!op->boundary->Flatten(converted, stack)) return nullptr;
+  try {
+    {
+      py::gil_scoped_release no_gil;
+      (*op->dispatcher_op)->callBoxed(stack);
+    }
+    py::object out = torch::jit::createPyObjectForStack(std::move(stack));
+    if (op->rebuild_output == nullptr) return out.release().ptr();
+    return PyObject_CallOneArg(op->rebuild_output, out.ptr());
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+  }
+  return nullptr;
+}
 
 PyObject* CallFallback(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
                        PyObject* kwnames) {
@@ -1191,6 +1278,14 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
   c10::DeviceType device = c10::DeviceType::CPU;
   int mode = FastPathMode(tensors, nslots, &device);
   PyObject* kernel = nullptr;
+  if (mode >= 0 && op->dispatcher_op->has_value()) {
+    // A C++ op: torch's dispatcher runs its kernels, autograd and version
+    // bumps, as for torch.ops.ns.op, but without Python's flatten. A Python
+    // kernel for the device (register_kernel) runs directly, as for a
+    // Python op.
+    PyObject* python_kernel = mode == 0 ? (*op->kernels)[static_cast<size_t>(device)] : nullptr;
+    if (python_kernel == nullptr) return CallDispatcher(op, out);
+  }
   if (mode == 0) {
     kernel = (*op->kernels)[static_cast<size_t>(device)];
     if (kernel == nullptr) kernel = op->default_kernel;
@@ -1248,6 +1343,7 @@ PyObject* OpNew(PyTypeObject* type, PyObject* /*args*/, PyObject* /*kwargs*/) {
   op->vectorcall = OpCall;
   op->kernels = new std::array<PyObject*, kNumDeviceTypes>();
   op->kernels->fill(nullptr);
+  op->dispatcher_op = new std::optional<c10::OperatorHandle>();
   return reinterpret_cast<PyObject*>(op);
 }
 
@@ -1262,6 +1358,7 @@ int OpTraverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(op->overload);
   Py_VISIT(op->autograd);
   Py_VISIT(op->fallback);
+  Py_VISIT(op->rebuild_output);
   return 0;
 }
 
@@ -1278,6 +1375,7 @@ int OpClear(PyObject* self) {
   op->bridge = nullptr;
   Py_CLEAR(op->autograd);
   Py_CLEAR(op->fallback);
+  Py_CLEAR(op->rebuild_output);
   return 0;
 }
 
@@ -1287,6 +1385,8 @@ void OpDealloc(PyObject* self) {
   OpClear(self);
   delete op->kernels;
   op->kernels = nullptr;
+  delete op->dispatcher_op;
+  op->dispatcher_op = nullptr;
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -1385,7 +1485,25 @@ PyObject* OpFastCheck(PyObject* /*self*/, PyObject* tensors) {
   return PyLong_FromLong(mode);
 }
 
+// _set_dispatcher_op(qualified_name, rebuild_output or None)
+PyObject* OpSetDispatcherOp(PyObject* self, PyObject* args) {
+  auto* op = reinterpret_cast<OpObject*>(self);
+  const char* name;
+  PyObject* rebuild;
+  if (!PyArg_ParseTuple(args, "sO", &name, &rebuild)) return nullptr;
+  auto handle = c10::Dispatcher::singleton().findSchema({name, ""});
+  if (!handle) {
+    PyErr_Format(PyExc_LookupError, "%s is not registered with torch's dispatcher", name);
+    return nullptr;
+  }
+  *op->dispatcher_op = *handle;
+  Py_XSETREF(op->rebuild_output, rebuild == Py_None ? nullptr : Py_NewRef(rebuild));
+  Py_RETURN_NONE;
+}
+
 PyMethodDef kOpMethods[] = {
+    {"_set_dispatcher_op", OpSetDispatcherOp, METH_VARARGS,
+     "_set_dispatcher_op(name, rebuild_output): eager calls go to torch's dispatcher from C (C++ ops)."},
     {"_bind", OpBind, METH_VARARGS,
      "_bind(boundary, default_kernel, kernels, dispatch, autograd, fallback, has_backward)"},
     {"_set_has_backward", OpSetBackward, METH_O, "Whether eager calls that need a gradient take the bridge."},
@@ -1457,6 +1575,8 @@ void InitBoundary(py::module_& m) {
            py::arg("value"), "The body's return value checked and converted against the schema's returns.")
       .def("flat_defaults", &Boundary::FlatDefaults,
            "Per flat argument: None, or a 1-tuple with the default a Python kernel receives for it.")
+      .def("cacheable_leaves", &Boundary::CacheableLeaves,
+           "Per flat argument: whether its values may key the reuse of a struct rebuilt from them.")
       .def("check_defaults", &Boundary::CheckDefaults,
            "Raises if a parameter's default does not convert to its type.")
       .def_property_readonly("num_tensor_slots", &Boundary::num_tensor_slots)

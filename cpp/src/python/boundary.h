@@ -69,6 +69,16 @@ struct StructCache {
   ~StructCache();
 };
 
+// Where a node sits, for error messages: "parameter 'cfg'", and for a
+// field of a struct the path to it, "parameter 'cfg', field Cfg.inner,
+// field Inner.scale".
+struct Location {
+  std::string top;                  // "parameter 'cfg'", "return value", "return value 1"
+  std::vector<std::string> fields;  // "Cfg.inner", "Inner.scale"; empty for the parameter itself
+  Location Field(const std::string& qual, const std::string& name) const;
+  std::string Text() const;
+};
+
 // One original parameter (or return), as a tree over the flat leaves.
 struct Node {
   enum class Kind : uint8_t { kLeaf, kEnum, kLiteral, kHandle, kStruct };
@@ -77,9 +87,9 @@ struct Node {
   bool is_list = false;  // kEnum/kLiteral: a list of them
   LeafRule rule;         // kLeaf; the raw value's rule for kEnum/kLiteral
   int tensor_slot = -1;  // kLeaf holding tensors: its index among the tensor leaves
-  int leaf_index = -1;   // every kind but kStruct: the flat argument (or return) it is
-  int presence_index = -1;  // an optional kStruct parameter: its presence leaf
-  std::string where;     // "parameter 'cfg', field Cfg.scale"
+  int leaf_index = -1;   // kLeaf/kEnum/kLiteral/kHandle: its flat argument (or return)
+  int presence_index = -1;  // kStruct of an Optional[Struct]: its `__is_set` flat argument
+  Location where;
   pybind11::object cls;       // kStruct/kEnum/kHandle
   pybind11::object by_value;  // kEnum: raw value -> member
   pybind11::object allowed;   // kLiteral: frozenset of values
@@ -124,6 +134,11 @@ class Boundary {
   // A new reference to the converted return value, or null with an error set.
   PyObject* CheckReturn(PyObject* value);
 
+  // The flat arguments of converted values (ConvertAll's `out`), in schema
+  // order, as the dispatcher takes them. False with an error set.
+  bool Flatten(PyObject* const* converted, std::vector<c10::IValue>& stack);
+  const c10::FunctionSchema& flat_schema() const { return flat_; }
+
   // Positions (among the tensor leaves) of mutated tensors.
   const std::vector<int>& mutated_slots() const { return mutated_slots_; }
 
@@ -147,7 +162,7 @@ class Boundary {
 
   // Python-facing helpers.
   pybind11::tuple ConvertCall(pybind11::args args, pybind11::kwargs kwargs);
-  pybind11::tuple TensorLeaves(pybind11::tuple converted);
+  pybind11::list CacheableLeaves();
   pybind11::list FlatDefaults();
   void CheckDefaults();
 
@@ -157,17 +172,19 @@ class Boundary {
   PyObject* ConvertStruct(Node& node, PyObject* obj, PyObject** tensors,
                           std::vector<PyObject*>& keep, const char* context);
   PyObject* ConvertReturnNode(Node& node, PyObject* obj);
+  // The flat leaves of converted values, borrowed from them or from `owned`
+  // (new references: enum values, handles). False with an error set.
+  bool FlattenLeaves(PyObject* const* converted, PyObject** leaves, std::vector<PyObject*>& owned);
   bool FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, std::vector<PyObject*>& owned);
   PyObject* RebuildReturn(const Node& node, PyObject* const* flat);
   Node BuildParam(const MappingNode& m, const LoweredOp& lowered, const c10::FunctionSchema& flat,
-                  const std::string& where, pybind11::dict classes, pybind11::dict enum_values,
+                  const Location& where, pybind11::dict classes, pybind11::dict enum_values,
                   pybind11::dict handle_classes, bool top);
-  Node BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat, const std::string& where,
+  Node BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat, const Location& where,
                    pybind11::dict classes);
 
   std::string op_;
   std::vector<pybind11::object> names_;      // interned parameter names
-  std::vector<bool> kw_only_;
   std::vector<pybind11::object> defaults_;   // null object: required
   size_t num_positional_ = 0;
   std::vector<Node> params_;

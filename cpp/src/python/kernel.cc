@@ -229,7 +229,7 @@ PyObject* OpKernel::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, O
         PyObject* m = PyDict_GetItemWithError(node.by_value.ptr(), raw);
         if (m == nullptr && !PyErr_Occurred()) {
           PyErr_Format(PyExc_ValueError, "%s: %s: %R is not a value of the enum.", boundary_->op().c_str(),
-                       node.where.c_str(), raw);
+                       node.where.Text().c_str(), raw);
         }
         return Py_XNewRef(m);
       };
@@ -250,7 +250,7 @@ PyObject* OpKernel::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, O
       PyObject* value = Leaf(args, static_cast<size_t>(node.leaf_index), owned);
       if (value == nullptr) return nullptr;
       if (value == Py_None) return Py_NewRef(Py_None);
-      py::str at(boundary_->op() + ": " + node.where);
+      py::str at(boundary_->op() + ": " + node.where.Text());
       PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
       return PyObject_Vectorcall(resolve_, call_args, 3, nullptr);
     }

@@ -12,9 +12,11 @@
 #include <chrono>
 #include <complex>
 
+#include "opforge/abi.h"
 #include "opforge/autograd.h"
 #include "opforge/error.h"
 #include "opforge/handles.h"
+#include "opforge/libraries.h"
 #include "opforge/schema.h"
 #include "opforge/spec.h"
 #include "opforge/structs.h"
@@ -30,32 +32,10 @@ void InitKernels(py::module_& m);
 
 namespace {
 
-const char* KindName(TypeKind kind) {
+// `Type.kind` for Python: a leaf kind as the schema prints it (the core owns
+// those names), a composite by the kind's own name.
+std::string KindName(TypeKind kind) {
   switch (kind) {
-    case TypeKind::kTensor: return "Tensor";
-    case TypeKind::kInt: return "int";
-    case TypeKind::kSymInt: return "SymInt";
-    case TypeKind::kFloat: return "float";
-    case TypeKind::kBool: return "bool";
-    case TypeKind::kSymBool: return "SymBool";
-    case TypeKind::kStr: return "str";
-    case TypeKind::kComplex: return "complex";
-    case TypeKind::kScalar: return "Scalar";
-    case TypeKind::kScalarType: return "ScalarType";
-    case TypeKind::kLayout: return "Layout";
-    case TypeKind::kMemoryFormat: return "MemoryFormat";
-    case TypeKind::kDevice: return "Device";
-    case TypeKind::kGenerator: return "Generator";
-    case TypeKind::kStorage: return "Storage";
-    case TypeKind::kStream: return "Stream";
-    case TypeKind::kQScheme: return "QScheme";
-    case TypeKind::kQuantizer: return "Quantizer";
-    case TypeKind::kCapsule: return "Capsule";
-    case TypeKind::kAny: return "Any";
-    case TypeKind::kAnyClass: return "AnyClassType";
-    case TypeKind::kAnyEnum: return "AnyEnumType";
-    case TypeKind::kPyObject: return "PyObject";
-    case TypeKind::kNone: return "NoneType";
     case TypeKind::kVar: return "Var";
     case TypeKind::kClass: return "Class";
     case TypeKind::kList: return "List";
@@ -70,8 +50,8 @@ const char* KindName(TypeKind kind) {
     case TypeKind::kEnum: return "Enum";
     case TypeKind::kLiteral: return "Literal";
     case TypeKind::kHandle: return "Handle";
+    default: return TypeStr(*Type::Get(kind));
   }
-  return "?";
 }
 
 py::object ToPython(const Value& v) {
@@ -297,6 +277,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("returns", &LoweredOp::returns)
       .def_readonly("warnings", &LoweredOp::warnings)
       .def_property_readonly("definable_schema", [](const LoweredOp& l) { return ToDefinableString(l.flat); })
+      .def_property_readonly("definable_spec", [](const LoweredOp& l) { return ToDefinableString(l.original); },
+                             "The original signature as torch's parser reads it (`Tensor!` as `Tensor(_0!)`).")
       .def_property_readonly("model_leaves", &LeafModels,
                              "Every flat argument with what lowering knows about it, in order.")
       .def_property_readonly("return_types", [](const LoweredOp& l) {
@@ -316,6 +298,8 @@ PYBIND11_MODULE(_C, m) {
           return ParseSchema(text, options);
         },
         py::arg("text"), "Parses an op spec: torch's grammar plus registered structs/enums, Literal, Handle.");
+  m.def("print_definable", [](const std::string& text) { return ToDefinableString(ParseSchema(text)); },
+        py::arg("text"), "The schema in the form torch's parser reads back (`Tensor!` -> `Tensor(_0!)`).");
   m.def("print_schema", [](const std::string& text) { return ToString(ParseSchema(text)); },
         py::arg("text"), "Parses and prints a schema: the same text torch's str(schema) gives.");
   m.def("parse_type",
@@ -444,6 +428,33 @@ PYBIND11_MODULE(_C, m) {
     return OpSpecRegistry::Global().Remove(name);
   }, py::arg("name"));
   m.def("op_spec_names", [] { return OpSpecRegistry::Global().Names(); });
+
+  // C++ kernel libraries (docs/cpp_ops.md): their ops, and the blocks that
+  // failed to load.
+  m.def("library_op", [](const std::string& name) -> py::object {
+    auto op = LibraryRegistry::Global().Find(name);
+    if (!op) return py::none();
+    py::dict out;
+    out["library"] = op->library;
+    out["abi"] = op->abi;
+    out["has_cpp_autograd"] = op->has_cpp_autograd;
+    out["has_torch_layer_autograd"] = op->torch_layer_autograd != nullptr;
+    return out;
+  }, py::arg("name"), "What a C++ library says of one of its ops, or None for an op of no C++ library.");
+  m.def("abi_version", [] {
+    uint32_t newest = 0;
+    opforge_abi_get(0, &newest);
+    return newest;
+  }, "The newest C ABI version (opforge/abi.h) this opforge serves to built libraries.");
+  m.def("library_generation", [] { return LibraryRegistry::Global().generation(); },
+        "Bumped each time a C++ library block commits ops.");
+  m.def("load_errors", [] {
+    py::list out;
+    for (const auto& e : LibraryRegistry::Global().LoadErrors()) out.append(py::make_tuple(e.library, e.message));
+    return out;
+  }, "[(library path, message)] for every C++ library block that could not be registered.");
+  m.def("drop_no_backward_kernel", &DropNoBackwardKernel, py::arg("name"),
+        "Drops the no-backward kernel of a C++ library's op, so a Python backward can take its place.");
   m.def("resolve_tensor_args", &ResolveTensorArgs, py::arg("lowered"), py::arg("names"), py::arg("option"),
         "Flat names of the Tensor leaves that `names` denote (a struct expands to its Tensor leaves).");
   m.def("set_arg_tag",

@@ -2,15 +2,19 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/stack.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/library.h>
 
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "opforge/autograd.h"
+#include "opforge/libraries.h"
 
 namespace opforge {
 namespace {
@@ -48,26 +52,52 @@ class NoBackwardKernel : public c10::OperatorKernel {
   NoBackwardKernel(std::string message, bool mutates) : message_(std::move(message)), mutates_(mutates) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
-    const size_t num_args = op.schema().arguments().size();
-    // Most calls need no gradient: ask before collecting anything.
+    const auto& schema = op.schema();
+    const size_t num_args = schema.arguments().size();
+    const size_t first = stack->size() - num_args;
+    // Calls without a gradient in sight (inference, no input requiring grad)
+    // pay one scan of the arguments, nothing more.
     bool needs_grad = false;
     if (c10::GradMode::is_enabled()) {
-      for (size_t i = stack->size() - num_args; i < stack->size() && !needs_grad; ++i) {
-        ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
-          if (t.defined() && t.requires_grad()) needs_grad = true;
-        });
+      for (size_t i = first; i < stack->size() && !needs_grad; ++i) {
+        const c10::IValue& v = (*stack)[i];
+        if (v.isTensor()) {
+          needs_grad = v.toTensor().requires_grad();
+        } else if (v.isTensorList() || v.isList()) {
+          ForEachTensor(v, [&](const at::Tensor& t) { needs_grad = needs_grad || (t.defined() && t.requires_grad()); });
+        }
       }
+    }
+    if (!needs_grad) {
+      RedispatchBelowAutograd(op, ks, stack, mutates_);
+      return;
     }
     std::vector<Variable> inputs;
-    if (needs_grad) {
-      for (size_t i = stack->size() - num_args; i < stack->size(); ++i) {
-        ForEachTensor((*stack)[i], [&](const at::Tensor& t) { inputs.push_back(t); });
-      }
+    std::vector<std::vector<at::Tensor>> written(num_args);
+    for (size_t i = first; i < stack->size(); ++i) {
+      const auto& alias = schema.arguments()[i - first].alias_info();
+      const bool writes = alias && alias->isWrite();
+      ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
+        inputs.push_back(t);
+        if (writes) written[i - first].push_back(t);
+      });
     }
     RedispatchBelowAutograd(op, ks, stack, mutates_);
-    if (!needs_grad) return;
     NodePtr node = MakeNode<torch::autograd::Error>(message_, torch::autograd::collect_next_edges(inputs));
-    const size_t num_returns = op.schema().returns().size();
+    // Arguments the op writes (`Tensor(a!)`) now hold values computed from
+    // inputs that require grad: they get the error node too.
+    for (size_t i = 0; i < num_args; ++i) {
+      const auto& alias = schema.arguments()[i].alias_info();
+      if (!alias || !alias->isWrite()) continue;
+      for (const auto& t : written[i]) {
+        if (!t.defined() || !torch::autograd::isDifferentiableType(t.scalar_type())) continue;
+        TORCH_CHECK(!(t.is_leaf() && t.requires_grad()), schema.name(), ": argument '",
+                    schema.arguments()[i].name(),
+                    "' is a leaf tensor that requires grad, and the op writes it in place.");
+        torch::autograd::set_history(const_cast<at::Tensor&>(t), node);
+      }
+    }
+    const size_t num_returns = schema.returns().size();
     for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
       ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
         if (!t.defined() || !torch::autograd::isDifferentiableType(t.scalar_type())) return;
@@ -82,7 +112,7 @@ class NoBackwardKernel : public c10::OperatorKernel {
 
  private:
   std::string message_;
-  bool mutates_;
+  bool mutates_;  // the op writes an argument: its ADInplaceOrView kernel bumps versions
 };
 
 class LibraryRegistration : public KernelRegistration {
@@ -93,12 +123,93 @@ class LibraryRegistration : public KernelRegistration {
   std::unique_ptr<torch::Library> lib_;
 };
 
+// Bumps the version of every tensor the op writes (`Tensor(a!)`), as torch's
+// own in-place ops do, so autograd sees a saved tensor was modified.
+void InplaceKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  std::vector<at::Tensor> written;
+  const size_t first = stack->size() - args.size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].alias_info() && args[i].alias_info()->isWrite()) {
+      ForEachTensor((*stack)[first + i], [&](const at::Tensor& t) {
+        if (t.defined()) written.push_back(t);
+      });
+    }
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
+  }
+  for (const auto& t : written) {
+    if (!t.is_inference()) torch::autograd::increment_version(t);
+  }
+}
+
+// Kernels the torch layer gives the ops of C++ libraries (LibraryOp), by op.
+std::mutex& LibraryKernelsMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::unordered_map<std::string, std::unique_ptr<KernelRegistration>>& NoBackwardKernels() {
+  static auto* kernels = new std::unordered_map<std::string, std::unique_ptr<KernelRegistration>>();
+  return *kernels;
+}
+std::vector<std::unique_ptr<torch::Library>>& InplaceKernels() {
+  static auto* libs = new std::vector<std::unique_ptr<torch::Library>>();
+  return *libs;
+}
+
+bool HasAutogradKernel(const c10::OperatorHandle& op) {
+  for (c10::DispatchKey key : {c10::DispatchKey::Autograd, c10::DispatchKey::AutogradCPU,
+                               c10::DispatchKey::AutogradCUDA, c10::DispatchKey::CompositeImplicitAutograd}) {
+    if (op.hasKernelForDispatchKey(key)) return true;
+  }
+  return false;
+}
+
+// What a C++ library's op gets from the torch layer once its block commits:
+// version bumps for the tensors it writes, and, without a backward, the error
+// a Python op without one gives (docs/cpp_ops.md#autograd).
+void OnLibraryOp(const LibraryOp& lib_op) {
+  auto op = c10::Dispatcher::singleton().findSchema({lib_op.name, ""});
+  if (!op) return;
+  const auto& schema = op->schema();
+  bool mutates = false;
+  for (const auto& arg : schema.arguments()) {
+    mutates = mutates || (arg.alias_info() && arg.alias_info()->isWrite());
+  }
+  const size_t sep = lib_op.name.find("::");
+  const std::string ns = lib_op.name.substr(0, sep);
+  const std::string name = lib_op.name.substr(sep + 2);
+  std::lock_guard<std::mutex> lock(LibraryKernelsMutex());
+  if (mutates && !op->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView)) {
+    auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt, __FILE__, __LINE__);
+    lib->impl(name.c_str(), torch::dispatch(c10::DispatchKey::ADInplaceOrView,
+                                            torch::CppFunction::makeFromBoxedFunction<&InplaceKernel>()));
+    InplaceKernels().push_back(std::move(lib));
+  }
+  if (!lib_op.has_cpp_autograd && lib_op.torch_layer_autograd == nullptr && !HasAutogradKernel(*op)) {
+    const std::string message =
+        lib_op.name + ": a gradient was requested through this op, but it has no backward. Declare one in C++ "
+        "(m.def(...).autograd<G>()) or from Python (opforge.ops." + ns + "." + name +
+        ".register_autograd(backward)).";
+    NoBackwardKernels()[lib_op.name] = RegisterNoBackwardKernel(lib_op.name, message);
+  }
+}
+
+const bool kListening = (LibraryRegistry::Global().Listen(&OnLibraryOp), true);
+
 }  // namespace
 
 void RedispatchBelowAutograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
                              bool mutates) {
   BelowAutograd guard(mutates);
   op.redispatchBoxed(ks & (mutates ? c10::after_autograd_keyset : c10::after_ADInplaceOrView_keyset), stack);
+}
+
+bool DropNoBackwardKernel(const std::string& qualname) {
+  std::lock_guard<std::mutex> lock(LibraryKernelsMutex());
+  return NoBackwardKernels().erase(qualname) > 0;
 }
 
 std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname,

@@ -104,28 +104,9 @@ void PrepareAutogradOp(const std::string& qualified, size_t num_params, Autograd
   }
 }
 
-void ThrowNonTensorGrad(const AutogradOp& op, size_t param) {
-  throw Error(ErrorKind::kTypeError, op.name, "parameter '" + op.param_names.at(param) + "'",
-              "backward returned a defined gradient, but the parameter is not a Tensor.",
-              "Return opforge::NoGrad{} (or an undefined tensor) for it.");
-}
-
-void ThrowListGradSize(const AutogradOp& op, size_t param, size_t expected, size_t got) {
-  throw Error(ErrorKind::kValueError, op.name, "parameter '" + op.param_names.at(param) + "'",
-              "backward returned " + std::to_string(got) + " gradients for a list of " +
-                  std::to_string(expected) + " tensors.",
-              "Return one gradient per tensor (undefined where there is none), or an empty list.");
-}
-
 void ThrowUndefinedInput(const AutogradOp& op, size_t param) {
   throw Error(ErrorKind::kValueError, op.name, "parameter '" + op.param_names.at(param) + "'",
               "is an undefined tensor.", "Pass a defined tensor, or make the parameter optional.");
-}
-
-void ThrowUnknownField(const std::string& struct_name, const char* method) {
-  throw Error(ErrorKind::kValueError, "", "opforge::Grad<" + struct_name + ">::" + method,
-              "the field is not one of those listed in OPFORGE_STRUCT.",
-              "Add it to the OPFORGE_STRUCT(...) field list.");
 }
 
 }  // namespace detail

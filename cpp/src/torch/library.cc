@@ -1,164 +1,115 @@
+// The libtorch C++ API backend of OPFORGE_LIBRARY (opforge/library.h).
 #include "opforge/library.h"
 
-#include <cxxabi.h>
+#include <c10/core/DispatchKey.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 
-#include "opforge/error.h"
-
-namespace opforge {
-
-std::string SchemaTypeName(const char* cpp_name) {
-  std::string name(cpp_name);
-  if (name.rfind("::", 0) == 0) name = name.substr(2);
-  std::string out;
-  for (size_t i = 0; i < name.size(); ++i) {
-    if (name.compare(i, 2, "::") == 0) {
-      out += '.';
-      ++i;
-    } else {
-      out += name[i];
-    }
-  }
-  return out;
-}
-
-std::string DemangledName(const char* mangled) {
-  int status = 0;
-  char* demangled = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
-  std::string out = status == 0 && demangled ? demangled : mangled;
-  std::free(demangled);
-  return out;
-}
-
-namespace detail {
-
-void RegisterStructDef(const std::string& name, std::vector<FieldText> fields,
-                       const std::vector<std::optional<Value>>& defaults) {
-  auto& registry = TypeRegistry::Global();
-  if (!defaults.empty()) {
-    // Printed, then parsed with the field's type by MakeStruct: a value the
-    // type cannot hold (an enum value that is no member) is an error here.
-    ParseOptions options;
-    options.registry = &registry;
-    for (size_t i = 0; i < fields.size() && i < defaults.size(); ++i) {
-      if (!defaults[i]) continue;
-      TypePtr type = ParseType(fields[i].type, options);
-      fields[i].default_value = DefaultToString(*defaults[i], *type);
-    }
-  }
-  registry.AddStruct(MakeStruct(name, fields, registry));
-}
-
+namespace opforge::detail {
 namespace {
 
-// Keeps the compiler from treating `p`'s bytes as dead or unknown across this
-// point: the fill before construction and the reads after it stay real.
-inline void Opaque(void* p) { asm volatile("" : : "r"(p) : "memory"); }
+char* Message(const std::string& text) { return strdup(text.c_str()); }
+
+template <class F>
+char* Catch(F&& f) {
+  try {
+    f();
+    return nullptr;
+  } catch (const c10::Error& e) {
+    return Message(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Message(e.what());
+  }
+}
 
 }  // namespace
 
-DefaultProbe::DefaultProbe(size_t size, size_t align, void (*construct)(void*), void (*destroy)(void*))
-    : size_(size),
-      align_(align),
-      destroy_(destroy),
-      a_(::operator new(size, std::align_val_t(align))),
-      b_(::operator new(size, std::align_val_t(align))) {
-  std::memset(a_, 0x00, size);
-  std::memset(b_, 0xff, size);
-  Opaque(a_);
-  Opaque(b_);
-  try {
-    construct(a_);
-  } catch (...) {
-    return;
+std::string KeyName(c10::DeviceType device) {
+  switch (device) {
+    case c10::DeviceType::CPU: return "CPU";
+    case c10::DeviceType::CUDA: return "CUDA";
+    case c10::DeviceType::HIP: return "HIP";
+    case c10::DeviceType::XPU: return "XPU";
+    case c10::DeviceType::MPS: return "MPS";
+    case c10::DeviceType::Meta: return "Meta";
+    case c10::DeviceType::PrivateUse1: return "PrivateUse1";
+    default: return c10::DeviceTypeName(device, /*lower_case=*/false);
   }
-  try {
-    construct(b_);
-  } catch (...) {
-    destroy_(a_);
-    return;
-  }
-  Opaque(a_);
-  Opaque(b_);
-  ok_ = true;
 }
 
-DefaultProbe::~DefaultProbe() {
-  if (ok_) {
-    destroy_(a_);
-    destroy_(b_);
-  }
-  ::operator delete(a_, std::align_val_t(align_));
-  ::operator delete(b_, std::align_val_t(align_));
+std::string KeyName(c10::DispatchKey key) { return c10::toString(key); }
+
+UnstableBackend::UnstableBackend(torch::Library::Kind kind, const char* ns, std::optional<c10::DispatchKey> key,
+                                 const char* file, uint32_t line)
+    : kind_(kind), ns_(ns), key_(key), file_(file), line_(line),
+      lib_(std::make_unique<torch::Library>(kind, ns, key, file, line)) {}
+
+OpforgeBackendV1 UnstableBackend::backend() {
+  OpforgeBackendV1 b{};
+  b.ctx = this;
+  b.def = &Def;
+  b.impl = &Impl;
+  b.autograd = &Autograd;
+  b.rollback = &Rollback;
+  b.warn = &Warn;
+  return b;
 }
 
-bool DefaultProbe::Written(size_t offset, size_t size) const {
-  return offset + size <= size_ &&
-         std::memcmp(static_cast<const char*>(a_) + offset, static_cast<const char*>(b_) + offset, size) == 0;
+char* UnstableBackend::Def(void* ctx, const char* schema) {
+  auto* self = static_cast<UnstableBackend*>(ctx);
+  return Catch([&] { self->lib_->def(schema); });
 }
 
-void RegisterEnumDef(const std::string& name, std::vector<std::string> members,
-                     std::vector<int64_t> values) {
-  EnumDef def;
-  def.name = name;
-  def.members = std::move(members);
-  for (int64_t v : values) def.values.push_back(Value::Int(v));
-  TypeRegistry::Global().AddEnum(std::move(def));
+char* UnstableBackend::Impl(void* ctx, const char* op, const char* key, void* kernel) {
+  auto* self = static_cast<UnstableBackend*>(ctx);
+  return Catch([&] {
+    auto* fn = static_cast<torch::CppFunction*>(kernel);
+    self->lib_->impl(op, torch::dispatch(c10::parseDispatchKey(key), std::move(*fn)));
+  });
+}
+
+char* UnstableBackend::Autograd(void* ctx, const char* qualified, void* registrar) {
+  auto* self = static_cast<UnstableBackend*>(ctx);
+  return Catch([&] { reinterpret_cast<AutogradRegistrarFn>(registrar)(*self->lib_, qualified); });
+}
+
+void UnstableBackend::Rollback(void* ctx) {
+  auto* self = static_cast<UnstableBackend*>(ctx);
+  // A torch::Library undoes its registrations when destroyed.
+  self->lib_.reset();
+}
+
+void UnstableBackend::Warn(void* /*ctx*/, const char* message) { TORCH_WARN(message); }
+
+void UnstableBackend::Finish(bool ok) {
+  kernels_.clear();
+  if (!ok) lib_.reset();
 }
 
 LibraryInit::LibraryInit(torch::Library::Kind kind, const char* ns, std::optional<c10::DispatchKey> key,
                          void (*init)(Library&), const char* file, uint32_t line)
-    : lib_(kind, ns, key, file, line) {
-  Library wrapper(lib_, ns);
-  init(wrapper);
-}
-
-}  // namespace detail
-
-
-OpBuilder Library::def(const std::string& schema) {
-  const std::string qualified = ns_ + "::" + schema;
-  // Struct fields' C++ defaults become leaf defaults in the core's lowering,
-  // so torch.ops callers may omit them (docs/cpp_ops.md#defaults).
-  LoweredOp lowered = LowerText(qualified, LowerOptions{});
-  const std::string flat = ToDefinableString(lowered.flat);
-  lib_.def(flat.substr(ns_.size() + 2).c_str());
-  OpSpecRegistry::Global().Add(lowered);
-  return OpBuilder(*this, lowered.flat.name);
-}
-
-bool Library::HasHandleLeaf(const std::string& qualified) {
-  auto lowered = OpSpecRegistry::Global().Find(qualified);
-  if (!lowered) return false;
-  for (const auto& leaf : lowered->leaves) {
-    if (!leaf.handle_type.empty()) return true;
+    : backend_(kind, ns, key, file, line) {
+  // A constructor's exception would end the process (it runs while the
+  // library loads); every failure becomes a load error instead.
+  std::string& error = error_;
+  const std::string key_name = key ? KeyName(*key) : std::string();
+  LibraryPlan plan(ns, key ? key_name.c_str() : nullptr, file, line, reinterpret_cast<const void*>(init),
+                   "unstable", 0);
+  try {
+    Library m(plan, backend_);
+    init(m);
+  } catch (const c10::Error& e) {
+    plan.Fail(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    plan.Fail(e.what());
   }
-  return false;
-}
-
-OpBuilder& OpBuilder::arg_tag(const std::string& tag, const std::vector<std::string>& names) {
-  auto lowered = OpSpecRegistry::Global().Find(name_);
-  if (!lowered) {
-    throw Error(ErrorKind::kLookupError, name_, tag, "the op was not defined through opforge.");
+  try {
+    error = plan.Commit(backend_.backend());
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  TagRegistry::Global().Set(name_, tag, ResolveTensorArgs(*lowered, names, tag + " args"));
-  return *this;
+  backend_.Finish(error.empty());
 }
 
-OpBuilder& OpBuilder::symm_mem_args(const std::vector<std::string>& names) {
-  arg_tag("symm_mem", names);
-  auto lowered = OpSpecRegistry::Global().Find(name_);
-  bool has_group = false;
-  for (const auto& arg : lowered->flat.arguments) has_group = has_group || arg.name == "group_name";
-  if (!has_group) {
-    TORCH_WARN(name_, ": symm_mem_args are declared but the op has no 'group_name' argument; "
-               "Inductor needs one to allocate its inputs in symmetric memory automatically.");
-  }
-  return *this;
-}
-
-}  // namespace opforge
+}  // namespace opforge::detail

@@ -17,10 +17,17 @@ As in MagiCompiler: the meta function may be a function, a list of parameter
 names (each output is `empty_like` that parameter) or None (`empty_like` of the
 first N tensor inputs, N from the return annotation); Literal and Enum
 parameters reach the body as their raw values; `setup_context_fn` and
-`backward_fn` work on the original signature. `is_compute_sensitive` and
-`is_subgraph_boundary` mean nothing to opforge: they are recorded
-(`compute_sensitive_ops()`, `subgraph_boundary_ops()`) and, when MagiCompiler
-is installed, added to its compile config as MagiCompiler does.
+`backward_fn` work on the original signature; errors start with MagiCompiler's
+words. `is_compute_sensitive` and `is_subgraph_boundary` mean nothing to
+opforge: they are recorded (`compute_sensitive_ops()`,
+`subgraph_boundary_ops()`) and, when MagiCompiler is installed, added to its
+compile config as MagiCompiler does. Every op is a lockstep-replay op of
+MagiCompiler's profiler, with its `materialize_inputs` hook
+(`lockstep_replay_ops()`, and `magi_compiler.profiling` when installed).
+
+`set_strict(True)` (or `OPFORGE_MAGI_STRICT=1`) rejects what opforge accepts
+beyond MagiCompiler: int Literals, int Enums, `Optional[list[Tensor]]` and
+returned dataclasses.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import enum
 import importlib
 import importlib.util
 import inspect
+import os
 import re
 import sys
 import threading
@@ -41,19 +49,35 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .. import _op
-from .._codegen import EMPTY, Param
-from .._types import TypeInfo
+from .._codegen import EMPTY, Param, gradients_per_parameter
+from .._types import Problem, SignatureError, TypeInfo, Where
 from ..triton import _kernels
 from ._common import all_tensor_params, check_name_free, signature_types
 
-__all__ = ["compute_sensitive_ops", "magi_register_custom_op", "subgraph_boundary_ops"]
+__all__ = ["compute_sensitive_ops", "lockstep_replay_ops", "magi_register_custom_op", "set_strict",
+           "subgraph_boundary_ops"]
 
 _lock = threading.Lock()
 _compute_sensitive: list[str] = []
 _subgraph_boundary: list[str] = []
+_replay_hooks: dict[str, Callable | None] = {}
+_strict = os.environ.get("OPFORGE_MAGI_STRICT", "").lower() in ("1", "true", "yes")
 
 # MagiCompiler's force_register_mode -> @opforge.op's triton=.
 _TRITON_MODES = {None: "auto", "triton_op": "force", "custom_op": "off"}
+
+# MagiCompiler's words for what opforge's own errors are about; opforge's fix
+# follows them.
+_MAGI_WORDS = {
+    Problem.TUPLE: "has tuple annotation {annotation}; use list[...].",
+    Problem.DICT: "has dict-typed annotation {annotation}.",
+    Problem.UNRESOLVED: "has unresolved string annotation {annotation}.",
+    Problem.NO_ANNOTATION: "has no type annotation.",
+}
+_MAGI_GRADIENT_COUNT = "backward_fn returned {returned} grad(s) but the function has {expected} input(s)"
+
+# MagiCompiler's default helper depth for its Triton scan (its PR #33).
+_MAGI_INTROSPECT_DEPTH = 5
 
 
 def magi_register_custom_op(
@@ -66,6 +90,9 @@ def magi_register_custom_op(
     is_subgraph_boundary: bool = False,
     extra_triton_kernels: Sequence[Any] | None = None,
     force_register_mode: str | None = None,
+    materialize_inputs: Callable | None = None,
+    max_introspect_depth: int = _MAGI_INTROSPECT_DEPTH,
+    has_internal_collective: bool | None = None,
 ) -> Callable[[Callable], _op.OpDef]:
     """Registers the decorated function as the op `name` (default
     `<file stem>::<function name>`) and returns it as an `opforge.OpDef`."""
@@ -79,6 +106,18 @@ def magi_register_custom_op(
             f"magi_register_custom_op: force_register_mode={force_register_mode!r} is not one of "
             f"None, 'triton_op', 'custom_op'."
         )
+    if materialize_inputs is not None and not callable(materialize_inputs):
+        raise TypeError(
+            f"magi_register_custom_op: materialize_inputs must be a function taking the op's flat arguments, "
+            f"not {type(materialize_inputs).__name__}. Pass a function or None."
+        )
+    if type(max_introspect_depth) is not int or max_introspect_depth < 0:
+        raise ValueError(
+            f"magi_register_custom_op: max_introspect_depth={max_introspect_depth!r} is not a count of helper "
+            f"calls. Pass an int >= 0."
+        )
+    if has_internal_collective is not None:
+        _dropped_internal_collective()
 
     def decorator(fn: Callable) -> _op.OpDef:
         return _register(
@@ -92,10 +131,22 @@ def magi_register_custom_op(
             subgraph_boundary=is_subgraph_boundary,
             triton=_TRITON_MODES[force_register_mode],
             extra_triton_kernels=tuple(extra_triton_kernels or ()),
+            materialize_inputs=materialize_inputs,
             caller=sys._getframe(1),
         )
 
     return decorator
+
+
+def set_strict(enabled: bool) -> bool:
+    """Whether ops registered from now on reject what MagiCompiler rejects
+    and opforge accepts (int Literals, int Enums, `Optional[list[Tensor]]`,
+    returned dataclasses, `has_internal_collective=`); returns the previous
+    setting. `OPFORGE_MAGI_STRICT=1` starts the process in strict mode."""
+    global _strict
+    with _lock:
+        previous, _strict = _strict, bool(enabled)
+    return previous
 
 
 def compute_sensitive_ops() -> tuple[str, ...]:
@@ -110,6 +161,14 @@ def subgraph_boundary_ops() -> tuple[str, ...]:
         return tuple(_subgraph_boundary)
 
 
+def lockstep_replay_ops() -> dict[str, Callable | None]:
+    """Every op registered here, as MagiCompiler's profiler replays it (in
+    lockstep across ranks), with its `materialize_inputs` hook or None:
+    {'my_kernels::attn_cp': attn_cp_inputs, 'my_kernels::scale': None}."""
+    with _lock:
+        return dict(_replay_hooks)
+
+
 def default_op_name(fn: Callable) -> str:
     """`<file stem>::<function name>`, as MagiCompiler names ops:
     `def rms_norm` in `kernels/norm.py` -> 'norm::rms_norm'."""
@@ -120,12 +179,30 @@ def default_op_name(fn: Callable) -> str:
     return f"{namespace}::{fn.__name__}"
 
 
+def _dropped_internal_collective() -> None:
+    fix = ("MagiCompiler dropped it: every op it registers replays in lockstep across ranks, as every op "
+           "registered here does. Delete the argument.")
+    if _strict:
+        raise TypeError(f"magi_register_custom_op() got an unexpected keyword argument 'has_internal_collective'. "
+                        f"{fix}")
+    warnings.warn(f"magi_register_custom_op: has_internal_collective is ignored. {fix}", DeprecationWarning,
+                  stacklevel=3)
+
+
 def _register(fn, op_name, *, mutates_args, meta, setup_context_fn, backward_fn, compute_sensitive,
-              subgraph_boundary, triton, extra_triton_kernels, caller) -> _op.OpDef:
+              subgraph_boundary, triton, extra_triton_kernels, materialize_inputs, caller) -> _op.OpDef:
     check_name_free(op_name)
-    params, ret_types = signature_types(op_name, fn, caller)
+    try:
+        params, ret_types = signature_types(op_name, fn, caller)
+    except SignatureError as e:
+        words = _MAGI_WORDS[e.problem].format(annotation=e.annotation)
+        raise TypeError(f"{e.op}: {e.where} {words} {e.fix}") from None
+    if _strict:
+        _reject_what_magi_rejects(op_name, params, ret_types)
     if isinstance(mutates_args, str) and mutates_args == "unknown":
         mutates_args = all_tensor_params(params)
+    else:
+        _check_mutates_args(op_name, params, mutates_args)
 
     if setup_context_fn is not None and backward_fn is None:
         warnings.warn(
@@ -150,6 +227,8 @@ def _register(fn, op_name, *, mutates_args, meta, setup_context_fn, backward_fn,
     body = _body_with_raw_values(fn, plan) if plan else fn
     if plan and setup_context_fn is not None:
         setup_context_fn = _setup_with_raw_values(setup_context_fn, plan)
+    if backward_fn is not None:
+        backward_fn = _backward_in_magi_words(op_name, backward_fn, [p.name for p in params])
 
     try:
         opdef = _op.define(
@@ -179,7 +258,55 @@ def _register(fn, op_name, *, mutates_args, meta, setup_context_fn, backward_fn,
     opdef._magi_param_mapping_tree = tree
     opdef._magi_flat_plan = tree  # the name earlier MagiCompiler releases used
     _record_flags(op_name, compute_sensitive, subgraph_boundary)
+    _record_replay(op_name, materialize_inputs)
     return opdef
+
+
+def _reject_what_magi_rejects(op_name: str, params: list[Param], ret_types: list[TypeInfo]) -> None:
+    """Strict mode: MagiCompiler's errors for the annotations opforge
+    accepts beyond it."""
+    fix = "opforge accepts it: call opforge.compat.magi.set_strict(False) to allow it."
+
+    def check(t: TypeInfo, where: Where) -> None:
+        if t.kind == "literal" and not all(isinstance(v, str) for v in t.allowed):
+            raise TypeError(f"{op_name}: {where} has Literal {t.text}; only Literal[str, ...] is auto-downgraded. "
+                            f"Use str values, or {fix}")
+        if t.kind == "enum" and not all(isinstance(m.value, str) for m in t.py):
+            raise TypeError(f"{op_name}: {where} has non-string Enum {t.py.__qualname__!r}. Use str values, "
+                            f"or {fix}")
+        if t.kind == "list" and t.optional and t.element.kind == "tensor":
+            raise ValueError(f"{op_name}: {where} has unsupported type Optional[list[Tensor]]. Use "
+                             f"list[Optional[Tensor]], or {fix}")
+        for field, ft in t.fields.items():
+            check(ft, where.at_field(t.py, field))
+
+    for p in params:
+        check(p.type, Where.parameter(p.name))
+    for t in ret_types:
+        if t.kind == "struct":
+            raise TypeError(f"{op_name}: returns dataclass {t.py.__qualname__!r}; only Tensor / tuple[Tensor, ...] / "
+                            f"list[Tensor] are supported. Return its tensors as a tuple, or {fix}")
+
+
+def _check_mutates_args(op_name: str, params: list[Param], names: Sequence[str]) -> None:
+    """MagiCompiler's rule: each entry names a parameter or a flat leaf."""
+    known = _parameter_names(params)
+    for name in names:
+        if name not in known:
+            leaves = [n for n, (_i, path, _t) in known.items() if path]
+            raise ValueError(
+                f"{op_name}: mutates_args entry {name!r} does not match any parameter. Name a parameter "
+                f"({', '.join(p.name for p in params)})" + (f" or a leaf ({', '.join(leaves)})." if leaves else ".")
+            )
+
+
+def _backward_in_magi_words(op_name: str, backward_fn: Callable, names: list[str]) -> Callable:
+    """backward_fn, its gradient count checked with MagiCompiler's words."""
+
+    def backward(ctx, *grads):
+        return gradients_per_parameter(op_name, backward_fn(ctx, *grads), names, _MAGI_GRADIENT_COUNT)
+
+    return backward
 
 
 # MagiCompiler lowers Literal and Enum parameters to `str` and the body gets
@@ -356,9 +483,10 @@ def _identity_meta(op_name: str, params: list[Param], ret_types: list[TypeInfo])
     return identity_meta
 
 
-def _tensor_parameters(params: list[Param]) -> dict[str, tuple[int, tuple[str, ...], TypeInfo]]:
-    """Every name infer_output_meta_fn may list: parameters, and struct leaves
-    by their flat name ('cfg__bias'). name -> (param index, field path, type)."""
+def _parameter_names(params: list[Param]) -> dict[str, tuple[int, tuple[str, ...], TypeInfo]]:
+    """Every name infer_output_meta_fn and mutates_args may list, as in
+    MagiCompiler: parameters, and struct fields by their flat name
+    ('cfg__bias'). name -> (param index, field path, type)."""
     out = {}
 
     def walk(prefix, index, path, t):
@@ -375,7 +503,7 @@ def _tensor_parameters(params: list[Param]) -> dict[str, tuple[int, tuple[str, .
 def _meta_from_param_names(op_name: str, params: list[Param], names: list[str]) -> Callable:
     """`infer_output_meta_fn=["weight", "bias"]`: output i is `empty_like`
     of the i-th named parameter."""
-    known = _tensor_parameters(params)
+    known = _parameter_names(params)
     tensors = [n for n, (_i, _p, t) in known.items() if t.kind == "tensor"]
     getters = []
     for name in names:
@@ -430,7 +558,7 @@ def _record_flags(op_name: str, compute_sensitive: bool, subgraph_boundary: bool
             _compute_sensitive.append(op_name)
         if subgraph_boundary:
             _subgraph_boundary.append(op_name)
-    config = _magi_config_module()
+    config = _magi_module("magi_compiler.config")
     if config is None:
         return
     # MagiCompiler's compiler reads these lists; keep them filled for users
@@ -442,20 +570,45 @@ def _record_flags(op_name: str, compute_sensitive: bool, subgraph_boundary: bool
         if subgraph_boundary:
             compile_config.splitting_ops.append(op_name)
     except Exception as e:  # an incompatible MagiCompiler release
-        warnings.warn(
-            f"{op_name}: could not add the op to MagiCompiler's compile config ({type(e).__name__}: {e}); "
-            f"opforge.compat.magi still lists it.",
-            stacklevel=4,
-        )
+        _incompatible(op_name, "compile config", e)
 
 
-def _magi_config_module():
-    module = sys.modules.get("magi_compiler.config")
+def _record_replay(op_name: str, hook: Callable | None) -> None:
+    """As MagiCompiler's decorator does: the op replays in lockstep across
+    ranks when its profiler measures it, through `hook` if given."""
+    with _lock:
+        _replay_hooks[op_name] = hook
+    profiling = _magi_module("magi_compiler.profiling")
+    if profiling is None:
+        return
+    try:
+        register = profiling.register_materialize_inputs
+        # Releases between MagiCompiler's PR #58 and the next mark lockstep
+        # ops with a flag; later ones mark every registered op.
+        if "has_internal_collective" in inspect.signature(register).parameters:
+            register(op_name, hook, has_internal_collective=True)
+        else:
+            register(op_name, hook)
+    except Exception as e:
+        _incompatible(op_name, "profiling registry", e)
+
+
+def _incompatible(op_name: str, what: str, e: Exception) -> None:
+    warnings.warn(
+        f"{op_name}: could not add the op to MagiCompiler's {what} ({type(e).__name__}: {e}); "
+        f"opforge.compat.magi still lists it.",
+        stacklevel=5,
+    )
+
+
+def _magi_module(name: str):
+    """MagiCompiler's module `name` when MagiCompiler is installed, else None."""
+    module = sys.modules.get(name)
     if module is not None:
         return module
     try:
         if importlib.util.find_spec("magi_compiler") is None:
             return None
-        return importlib.import_module("magi_compiler.config")
+        return importlib.import_module(name)
     except Exception:
         return None

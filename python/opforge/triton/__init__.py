@@ -30,7 +30,8 @@ from collections import namedtuple
 from dataclasses import dataclass
 from typing import Callable
 
-from . import _kernels, _rewrite, _scan, _source, _trace
+from . import _kernels, _ops, _rewrite, _scan, _source, _trace
+from ._ops import KernelList, forget, kernels_of, record_forward  # noqa: F401 - forget, record_forward: for _op
 from ._trace import HostCodeError, UndeclaredWriteError, UndeclaredWriteWarning
 
 __all__ = ["Plan", "plan", "autograd", "KernelList", "kernels_of", "cache_info", "is_kernel", "HostCodeError",
@@ -46,13 +47,15 @@ class Plan:
     name: str
     eager_body: Callable
     traced_body: Callable
-    kernels: tuple
+    kernels: tuple  # found by the scan; more may be found when the op is traced
     launches: tuple[str, ...]  # e.g. "add_kernel[...] at ops.py:12"
     unresolved: tuple[str, ...]  # launches whose kernel is only known at run time
+    at_run_time: tuple[str, ...] = ()  # launches and launchers whose kernels are found when tracing
 
     def __repr__(self) -> str:
         names = ", ".join(_kernels.kernel_name(k) for k in self.kernels)
-        return f"<opforge.triton.Plan {self.name}: kernels [{names}]>"
+        later = f" (and those of {len(self.at_run_time)} launches found when traced)" if self.at_run_time else ""
+        return f"<opforge.triton.Plan {self.name}: kernels [{names}]{later}>"
 
 
 CacheInfo = namedtuple("CacheInfo", "files_parsed code_hits code_misses compile_hits compile_misses")
@@ -91,7 +94,7 @@ def plan(name: str, fn: Callable, *, mode: str = "auto", extra_kernels: tuple = 
     kernels = dict(scan.kernels)
     for k in extras:
         kernels.setdefault(id(k), k)
-    if not kernels:
+    if not kernels and not scan.runtime:
         if mode == "auto":
             return None
         hint = ""
@@ -103,22 +106,25 @@ def plan(name: str, fn: Callable, *, mode: str = "auto", extra_kernels: tuple = 
     _check_kernels(name, kernels)
     if scan.opaque:
         op, at = scan.opaque[0]
-        first = next(iter(kernels.values()))
-        k_at = scan.kernel_where.get(id(first), "extra_triton_kernels")
+        if kernels:
+            first = next(iter(kernels.values()))
+            launch = f"Triton kernel '{_kernels.kernel_name(first)}' " \
+                     f"({scan.kernel_where.get(id(first), 'extra_triton_kernels')})"
+        else:
+            launch = f"Triton kernels ({scan.runtime[0]})"
         raise ValueError(
-            f"{name}: the body launches Triton kernel '{_kernels.kernel_name(first)}' ({k_at}) and also calls "
-            f"the custom op '{op}' ({at}), which Inductor cannot see into, so the op would be only half "
-            f"visible. Make '{op}' a Triton op too (an @opforge.op whose body launches Triton kernels, or "
-            f"torch.library.triton_op), call it outside this op, or pass triton='off' to keep this op opaque.")
+            f"{name}: the body launches {launch} and also calls the custom op '{op}' ({at}), which Inductor "
+            f"cannot see into, so the op would be only half visible. Make '{op}' a Triton op too (an "
+            f"@opforge.op whose body launches Triton kernels, or torch.library.triton_op), call it outside this "
+            f"op, or pass triton='off' to keep this op opaque.")
 
     traced = _traced_body(name, target, scan)
     if isinstance(fn, types.MethodType):
         traced = types.MethodType(traced, fn.__self__)
     traced = _trace.guard(name, traced, _signature(fn), frozenset(_names(mutates_args)))
     eager = fn if not scan.user_wrapped else _unwrapped_eager(fn)
-    _scan.planned_ops[name] = tuple(kernels.values())
-    _FORWARD[name] = tuple(kernels.values())
-    return Plan(name, eager, traced, tuple(kernels.values()), tuple(scan.launch_texts), tuple(scan.unresolved))
+    return Plan(name, eager, traced, tuple(kernels.values()), tuple(scan.launch_texts), tuple(scan.unresolved),
+                tuple(scan.runtime))
 
 
 def autograd(name: str, body: Callable, backward: Callable | None, setup_context: Callable | None, *,
@@ -130,17 +136,16 @@ def autograd(name: str, body: Callable, backward: Callable | None, setup_context
         bw, ctx_fn = autograd("mylib::op", body, backward, setup_context)
     """
     if mode == "off":
-        _BACKWARD.pop(name, None)
         return backward, setup_context
     declared = frozenset(_names(mutates_args))
     kernels: dict = {}
     traced_backward = _traced_hook(name, "backward", backward, tuple(extra_kernels), kernels)
     traced_setup = _traced_hook(name, "setup_context", setup_context, tuple(extra_kernels), kernels)
-    _BACKWARD[name] = tuple(kernels.values())
+    _ops.record_backward(name, tuple(kernels.values()))
     if traced_backward is None and traced_setup is None:
         return backward, setup_context
     new_backward = backward
-    if backward is not None:
+    if traced_backward is not None:
         new_backward = _trace.backward_switch(name, backward, traced_backward, _signature(backward))
     new_setup = setup_context
     if setup_context is not None:
@@ -159,7 +164,7 @@ def _traced_hook(name: str, what: str, fn: Callable | None, extras: tuple, kerne
         return None
     scan = _scan.Scan()
     scan.visit(target)
-    if not scan.kernels and not scan.launch_texts and not scan.user_wrapped:
+    if not scan.kernels and not scan.launch_texts and not scan.user_wrapped and not scan.runtime:
         return None
     found = dict(scan.kernels)
     if scan.unresolved:
@@ -171,39 +176,6 @@ def _traced_hook(name: str, what: str, fn: Callable | None, extras: tuple, kerne
     if isinstance(fn, types.MethodType):
         traced = types.MethodType(traced, fn.__self__)
     return traced
-
-
-class KernelList(tuple):
-    """The kernels an op launches, forward's first; `.forward` and
-    `.backward` (backward and setup_context) say which is which.
-
-        add.triton_kernels            # (add_kernel, add_backward_kernel)
-        add.triton_kernels.backward   # (add_backward_kernel,)
-    """
-
-    forward: tuple
-    backward: tuple
-
-    def __new__(cls, forward: tuple = (), backward: tuple = ()):
-        self = super().__new__(cls, (*forward, *(k for k in backward if k not in forward)))
-        self.forward = tuple(forward)
-        self.backward = tuple(backward)
-        return self
-
-    def __repr__(self) -> str:
-        def names(ks):
-            return ", ".join(_kernels.kernel_name(k) for k in ks)
-
-        return f"KernelList(forward=[{names(self.forward)}], backward=[{names(self.backward)}])"
-
-
-_FORWARD: dict[str, tuple] = {}
-_BACKWARD: dict[str, tuple] = {}
-
-
-def kernels_of(name: str, planned: bool) -> KernelList:
-    """The KernelList of op `name`; `planned` says whether its body became a Triton op."""
-    return KernelList(_FORWARD.get(name, ()) if planned else (), _BACKWARD.get(name, ()))
 
 
 def _names(mutates_args) -> tuple:
@@ -243,7 +215,8 @@ def _check_extras(name: str, extras: tuple) -> tuple:
     for i, k in enumerate(extras):
         if not _kernels.is_kernel(k):
             raise TypeError(f"{name}: extra_triton_kernels[{i}] is a {type(k).__name__}, not a Triton kernel. "
-                            f"Pass functions decorated with @triton.jit or @triton.autotune.")
+                            f"Pass functions decorated with @triton.jit or @triton.autotune, or a library's "
+                            f"launcher of one (a triton.KernelInterface holding it at .fn).")
     return extras
 
 

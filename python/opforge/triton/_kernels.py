@@ -1,30 +1,32 @@
-"""What counts as a Triton kernel, and how a launch is made traceable.
+"""What counts as a Triton kernel, and what torch.library.wrap_triton traces of it.
 
     classify(add_kernel)            # 'jit'
     classify(autotuned_kernel)      # 'autotune'
+    classify(LibEntry(add_kernel))  # 'launcher': a library's triton.KernelInterface holding the kernel at .fn
     classify(torch.add)             # None
-    wrap(add_kernel)                # TraceableTritonKernelWrapper (what wrap_triton returns)
+    split(LibEntry(heuristics_k))   # Split(target=<JITFunction>, heuristics=(<Heuristics>,))
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 _TYPES: tuple | None = None
 
 
 def _types() -> tuple:
-    """(JITFunction, Autotuner, Heuristics, InterpretedFunction or None), or
-    () while triton is not imported: then no kernel can exist."""
+    """(JITFunction, Autotuner, Heuristics, InterpretedFunction or None,
+    KernelInterface), or () while triton is not imported: then no kernel can exist."""
     global _TYPES
     if _TYPES is None:
         if sys.modules.get("triton") is None:
             return ()
         try:
             from triton.runtime.autotuner import Autotuner, Heuristics
-            from triton.runtime.jit import JITFunction
+            from triton.runtime.jit import JITFunction, KernelInterface
         except ImportError:
             return ()
 
@@ -32,16 +34,18 @@ def _types() -> tuple:
             from triton.runtime.interpreter import InterpretedFunction
         except ImportError:  # pragma: no cover - every supported triton has it
             InterpretedFunction = None
-        _TYPES = (JITFunction, Autotuner, Heuristics, InterpretedFunction)
+        _TYPES = (JITFunction, Autotuner, Heuristics, InterpretedFunction, KernelInterface)
     return _TYPES
 
 
 def classify(obj: Any) -> str | None:
-    """'jit', 'interpreted', 'autotune', 'heuristics', or None for anything else."""
+    """'jit', 'interpreted', 'autotune', 'heuristics', 'launcher', or None for
+    anything else. A launcher is a library's own `triton.KernelInterface`
+    (FlagGems' `@libentry()`): launched like a kernel, holding one at `.fn`."""
     types = _types()
     if not types:
         return None
-    jit, autotuner, heuristics, interpreted = types
+    jit, autotuner, heuristics, interpreted, interface = types
     if isinstance(obj, jit):
         return "jit"
     if isinstance(obj, autotuner):
@@ -50,6 +54,8 @@ def classify(obj: Any) -> str | None:
         return "heuristics"
     if interpreted is not None and isinstance(obj, interpreted):
         return "interpreted"
+    if isinstance(obj, interface) and not isinstance(obj, type):
+        return "launcher"
     return None
 
 
@@ -58,16 +64,24 @@ def is_kernel(obj: Any) -> bool:
 
 
 def _chain(kernel: Any) -> list:
-    """The decorator layers of a kernel, outermost first, ending at the
-    @triton.jit function."""
+    """The layers of a kernel, outermost first, ending at the @triton.jit
+    function (or at what a layer's `.fn` holds instead)."""
     layers = [kernel]
-    while classify(layers[-1]) in ("autotune", "heuristics") and len(layers) < 32:
-        layers.append(layers[-1].fn)
+    while classify(layers[-1]) in ("autotune", "heuristics", "launcher") and len(layers) < 32:
+        inner = getattr(layers[-1], "fn", None)
+        if inner is None:
+            break
+        layers.append(inner)
     return layers
 
 
+def jit_of(kernel: Any) -> Any:
+    """The @triton.jit function under a kernel's layers (itself for a jit function)."""
+    return _chain(kernel)[-1]
+
+
 def kernel_name(kernel: Any) -> str:
-    base = _chain(kernel)[-1]
+    base = jit_of(kernel)
     fn = getattr(base, "fn", None)
     name = getattr(fn, "__name__", None) or getattr(base, "__name__", None)
     return name or repr(kernel)
@@ -75,7 +89,15 @@ def kernel_name(kernel: Any) -> str:
 
 def is_interpreted(kernel: Any) -> bool:
     """Built under TRITON_INTERPRET=1: launchable eagerly, not traceable."""
-    return classify(_chain(kernel)[-1]) == "interpreted"
+    return classify(jit_of(kernel)) == "interpreted"
+
+
+def _launchers(layers: list) -> int:
+    """How many launcher layers wrap the kernel."""
+    count = 0
+    while count < len(layers) and classify(layers[count]) == "launcher":
+        count += 1
+    return count
 
 
 def problem(kernel: Any) -> str | None:
@@ -83,7 +105,19 @@ def problem(kernel: Any) -> str | None:
     layers = _chain(kernel)
     kinds = [classify(k) for k in layers]
     name = kernel_name(kernel)
-    if kinds[0] == "heuristics":
+    outer = _launchers(layers)
+    if outer:
+        launcher = type(kernel).__name__
+        if outer == len(layers) or kinds[-1] not in ("jit", "interpreted"):
+            held = type(layers[-1]).__name__ if outer < len(layers) else "nothing"
+            return (f"launcher {launcher} (a triton.KernelInterface) holds {held} at .fn, not a @triton.jit "
+                    f"function, so opforge cannot find the kernel it launches. Launch the @triton.jit kernel it "
+                    f"wraps directly, or keep the op opaque with triton='off' and a shape function fake=.")
+        if "launcher" in kinds[outer:]:
+            return (f"Triton kernel '{name}' has a {type(layers[kinds.index('launcher', outer)]).__name__} launcher "
+                    f"inside @triton.autotune or @triton.heuristics, which torch.library.wrap_triton cannot trace. "
+                    f"Put the launcher outermost, or keep the op opaque with triton='off' and a shape function fake=.")
+    elif kinds[0] == "heuristics":
         return (f"Triton kernel '{name}' has @triton.heuristics as its outermost decorator, which "
                 f"torch.library.wrap_triton cannot trace. Put @triton.autotune outermost: "
                 f"autotune → heuristics → jit (for a kernel with no configs, "
@@ -105,27 +139,31 @@ class KernelError(ValueError):
         self.kernel = kernel
 
 
-def wrap(obj: Any) -> Any:
-    """The launch target as traced code sees it: Triton kernels go through
-    torch.library.wrap_triton (which returns the kernel itself while wrapping
-    is disabled), with the kernel's parameter defaults bound at each launch;
-    anything else, and a kernel the user already wrapped, is returned
-    unchanged."""
-    kind = classify(obj)
-    if kind is None:
-        return obj
-    if kind == "heuristics":
-        raise KernelError(problem(obj))
-    if is_interpreted(obj):
-        # Interpreter kernels run eagerly on CPU; wrap_triton cannot trace them.
-        return obj
-    from torch.library import wrap_triton
+@dataclass(frozen=True)
+class Split:
+    """What a traced launch of a kernel hands to wrap_triton (`target`), and
+    the @triton.heuristics layers opforge applies first, as a launcher would
+    eagerly (wrap_triton traces heuristics only under @triton.autotune)."""
 
-    return Traceable(obj, wrap_triton(obj))
+    target: Any
+    heuristics: tuple
 
 
-_SPECIAL_OPTIONS = frozenset({"num_warps", "num_stages", "num_ctas", "num_consumer_groups",
-                              "num_buffers_warp_spec", "num_cpu_threads", "maxnreg", "grid", "warmup"})
+def split(kernel: Any) -> Split:
+    """The launch of a traceable kernel (problem(kernel) is None): launcher
+    layers removed, and the heuristics right under them applied at launch.
+
+        split(LibEntry(heuristics(jit)))   # Split(target=jit, heuristics=(heuristics,))
+        split(autotuned)                   # Split(target=autotuned, heuristics=())
+    """
+    layers = _chain(kernel)
+    i = _launchers(layers)
+    heuristics = []
+    if i:
+        while classify(layers[i]) == "heuristics":
+            heuristics.append(layers[i])
+            i += 1
+    return Split(layers[i], tuple(heuristics))
 
 
 def _provided_by_layers(kernel: Any) -> frozenset:
@@ -150,7 +188,7 @@ def defaults_of(kernel: Any) -> tuple:
     entry = _DEFAULTS.get(id(kernel))
     if entry is not None and entry[0] is kernel:
         return entry[1]
-    jit = _chain(kernel)[-1]
+    jit = jit_of(kernel)
     provided = _provided_by_layers(kernel)
     empty = inspect.Parameter.empty
     out = []
@@ -173,41 +211,3 @@ def bind_defaults(kernel: Any, args: tuple, kwargs: dict) -> dict:
     if not missing:
         return kwargs
     return {**kwargs, **dict(missing)}
-
-
-class Traceable:
-    """`wrap_triton(kernel)`, binding the kernel's parameter defaults at each
-    launch and letting opforge check which arguments the kernel writes.
-
-        Traceable(k, wrap_triton(k))[grid](x, out, n)   # wrap_triton(k)[grid](x, out, n, BLOCK=128)
-    """
-
-    __slots__ = ("kernel", "wrapped")
-
-    def __init__(self, kernel: Any, wrapped: Any):
-        self.kernel = kernel
-        self.wrapped = wrapped
-
-    def __getitem__(self, grid: Any) -> "Traceable":
-        return Traceable(self.kernel, self.wrapped[grid])
-
-    def __call__(self, *args, **kwargs):
-        kwargs = bind_defaults(self.kernel, args, kwargs)
-        if _trace.watching():
-            _trace.check_launch(self.kernel, args, kwargs, sys._getframe(1))
-        return self.wrapped(*args, **kwargs)
-
-    def run(self, *args, **kwargs):
-        kwargs = bind_defaults(self.kernel, args, kwargs)
-        if _trace.watching():
-            _trace.check_launch(self.kernel, args, kwargs, sys._getframe(1))
-        return self.wrapped.run(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.kernel, name)
-
-    def __repr__(self) -> str:
-        return f"<opforge traceable launch of {kernel_name(self.kernel)}>"
-
-
-from . import _trace  # noqa: E402  (imports this module back)

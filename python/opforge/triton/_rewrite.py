@@ -13,7 +13,9 @@ file, same line numbers) and built with
 
 Both hooks decide at run time: `__opforge_wrap__` passes anything that is not
 a Triton kernel through unchanged, and `__opforge_call__` substitutes the
-rewritten copy of a helper only when that helper launches kernels.
+rewritten copy of a helper only when that helper launches kernels, or, in a
+module that imports Triton, makes calls only the run time can resolve (a
+kernel generated at run time is launched behind such calls).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import types
 import weakref
 from typing import Any
 
-from . import _kernels, _scan, _source
+from . import _kernels, _launch, _scan, _source
 
 stats = {"compile_hits": 0, "compile_misses": 0}
 
@@ -87,7 +89,7 @@ class _NameGlobals(_Globals):
     def __missing__(self, key):
         value = self.real[key]
         if _kernels.is_kernel(value):
-            return _kernels.wrap(value)
+            return _launch.wrap(value)
         return call_hook(value)
 
 
@@ -137,20 +139,24 @@ def call_hook(f: Any) -> Any:
     return types.MethodType(r, f)  # an instance with a Python __call__
 
 
-_HOOKS = {"__opforge_wrap__": _kernels.wrap, "__opforge_call__": call_hook}
+_HOOKS = {"__opforge_wrap__": _launch.wrap, "__opforge_call__": call_hook}
 
 
 def _prepare(f: types.FunctionType) -> Any:
-    """The rewritten copy of f (or of the function it wraps) if it launches
-    kernels, else _NO_REWRITE; cached per function object."""
+    """The rewritten copy of f if it launches kernels or makes calls only
+    tracing can resolve (docs/triton.md), else _NO_REWRITE; cached per
+    function object. A decorated function (functools.wraps) is replaced by
+    the copy of the function it wraps only when that launches kernels."""
     target = _scan.python_function(f)
     result: Any = _NO_REWRITE
     if target is not None and not _REWRITTEN_CODES.get(target.__code__):
         scan = _scan.Scan()
         if scan.visit(target):
-            built = build(scan.results[id(target)])
-            if built is not None:
-                result = built
+            found = scan.results[id(target)]
+            if target is f or found.launches:
+                built = build(found)
+                if built is not None:
+                    result = built
     try:
         _RUNTIME[f] = result
     except TypeError:  # pragma: no cover - functions are weak-referenceable

@@ -26,7 +26,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _kernels, _source
+from .. import _C
+from . import _kernels, _ops, _source
 
 MISSING = object()
 WRAP_NAMES = frozenset({"wrap_triton", "capture_triton"})
@@ -463,25 +464,20 @@ def op_name(obj: Any) -> str | None:
         return obj._qualified_op_name
     if isinstance(obj, torch._library.custom_ops.CustomOpDef):
         return obj._qualname
-    from .._op import OpDef
-
-    if isinstance(obj, OpDef):
+    if isinstance(obj, _C.OpBase):  # an opforge op, Python or C++
         return obj.name
     return None
 
 
 # Namespaces Inductor lowers itself; any other op is opaque unless it is a Triton op.
 _TRANSPARENT_NAMESPACES = frozenset({"aten", "prims", "higher_order", "_c10d_functional", "c10d_functional"})
-planned_ops: dict[str, tuple] = {}  # op name -> kernels, for ops opforge planned as Triton ops
 
 
 def triton_op_kernels(name: str) -> tuple | None:
     """The kernels of a registered Triton op (opforge's or torch.library.triton_op's), else None."""
-    if name in planned_ops:
-        from .._op import registered_ops
-
-        if name in registered_ops():
-            return planned_ops[name]
+    kernels = _ops.triton_op_kernels(name)
+    if kernels is not None:
+        return kernels
     from torch._library import triton as torch_triton
 
     kernels = getattr(torch_triton, "triton_ops_to_kernels", {}).get(name)
@@ -513,7 +509,38 @@ def skipped(fn: types.FunctionType) -> bool:
     if mod.split(".")[0] in _SKIPPED:
         return True
     filename = os.path.normcase(fn.__code__.co_filename)
-    return filename.startswith(_STDLIB) and "site-packages" not in filename
+    return filename.startswith(("<frozen", _STDLIB)) and "site-packages" not in filename
+
+
+_USES_TRITON: dict[int, tuple[int, bool]] = {}  # id(module globals) -> (their size, answer)
+
+
+def uses_triton(scope: dict) -> bool:
+    """Whether a module imports Triton: code there may launch kernels the
+    scan cannot see, so its calls are checked when tracing."""
+    for name in ("triton", "tl"):
+        value = scope.get(name)
+        if isinstance(value, types.ModuleType) and value.__name__.partition(".")[0] == "triton":
+            return True
+    entry = _USES_TRITON.get(id(scope))
+    if entry is not None and entry[0] == len(scope):
+        return entry[1]
+    answer = any(isinstance(v, types.ModuleType) and v.__name__.partition(".")[0] == "triton"
+                 for v in list(scope.values()))
+    _USES_TRITON[id(scope)] = (len(scope), answer)
+    return answer
+
+
+def holds_kernel(obj: Any) -> bool:
+    """A callable object that keeps a Triton kernel among its attributes: a
+    library's launcher whose kernels only the run time builds (FlagGems'
+    `@pointwise_dynamic` functions keep the @triton.jit function they expand)."""
+    if isinstance(obj, (types.FunctionType, types.MethodType, type, types.ModuleType)):
+        return False
+    attrs = getattr(obj, "__dict__", None)
+    if not isinstance(attrs, dict) or len(attrs) > 64:
+        return False
+    return any(_kernels.is_kernel(v) for v in attrs.values())
 
 
 def python_function(obj: Any) -> types.FunctionType | None:
@@ -583,9 +610,10 @@ def container_kernels(obj: Any) -> list:
 class FnResult:
     fn: types.FunctionType
     info: CodeInfo
-    needs_rewrite: bool
+    needs_rewrite: bool  # it, or a helper it calls, launches; or it makes calls only tracing can resolve
     call_keys: frozenset = frozenset()
     subscript_keys: frozenset = frozenset()
+    launches: bool = False  # it, or a helper it calls, launches (or calls a launcher)
 
 
 def where(info: CodeInfo | None, fn: types.FunctionType, line: int | None = None) -> str:
@@ -602,6 +630,7 @@ class Scan:
         self.opaque: list[tuple[str, str]] = []
         self.user_wrapped = False
         self.unresolved: list[str] = []  # launches whose kernel only the run time knows
+        self.runtime: list[str] = []  # launches and launchers whose kernels are found when tracing
         self.launch_texts: list[str] = []
         self.results: dict[int, FnResult | None] = {}
 
@@ -649,12 +678,13 @@ class Scan:
         return found
 
     def _visit_source(self, fn, info: CodeInfo, resolver: Resolver, depth: int) -> FnResult:
-        needs = False
+        launches = False  # it, or a helper it calls, launches or calls a launcher
+        needs = False  # it needs a traced copy
         for chain, root, line in info.loads:
             if root != "local":
                 self._collect_kernels(resolver.walk(chain, root), where(info, fn, line))
         for site in info.launches:
-            needs = True
+            launches = True
             at = where(info, fn, site.line)
             self.launch_texts.append(f"{site.text} at {at}")
             if site.wrapped:
@@ -666,13 +696,17 @@ class Scan:
                 if self._collect_kernels(resolver.walk(site.chain, site.root), at):
                     continue
             self.unresolved.append(f"{site.text} at {at}")
+            if uses_triton(fn.__globals__):
+                self.runtime.append(f"{site.text} at {at}")
         if info.user_wraps:
             self.user_wrapped = True
-            needs = True
+            launches = True
         calls = set()
+        dynamic = False  # calls only the run time can resolve
         for site in info.calls:
             if site.chain is None or site.root == "local":
                 calls.add(site.key)
+                dynamic = True
                 continue
             obj = resolver.resolve(site.chain, site.root)
             name = op_name(obj)
@@ -680,17 +714,31 @@ class Scan:
                 self._op_call(name, where(info, fn, site.line))
                 continue
             helper = python_function(obj)
-            if helper is not None and self.visit(helper, depth + 1):
+            if helper is None:
+                continue
+            launcher = self._launcher(obj, site.chain, where(info, fn, site.line))
+            if self.visit(helper, depth + 1) or launcher:
                 calls.add(site.key)
                 needs = True
+                result = self.results.get(id(helper))
+                launches = launches or launcher or (result is not None and result.launches)
         subs = set()
         for site in info.subscripts:
             if site.root == "local":
                 subs.add(site.key)  # `launch = kernel[grid]` with a local kernel: checked when tracing
             elif _kernels.is_kernel(resolver.resolve(site.chain, site.root)):
                 subs.add(site.key)
-                needs = True
-        return FnResult(fn, info, needs, frozenset(calls), frozenset(subs))
+                launches = True
+        # In a module that imports Triton, a call only the run time resolves may
+        # reach a kernel built at run time: the traced copy checks it then.
+        needs = needs or launches or (dynamic and uses_triton(fn.__globals__))
+        return FnResult(fn, info, needs, frozenset(calls), frozenset(subs), launches)
+
+    def _launcher(self, obj: Any, chain: tuple, at: str) -> bool:
+        if not holds_kernel(obj):
+            return False
+        self.runtime.append(f"{'.'.join(chain)}(...) at {at}")
+        return True
 
     def _visit_bytecode(self, fn, info: CodeInfo, resolver: Resolver, depth: int) -> FnResult:
         needs = False
@@ -708,9 +756,9 @@ class Scan:
                 self._op_call(op, at)
                 continue
             helper = python_function(obj)
-            if helper is not None and self.visit(helper, depth + 1):
+            if helper is not None and (self._launcher(obj, (name,), at) | self.visit(helper, depth + 1)):
                 needs = True
-        return FnResult(fn, info, needs)
+        return FnResult(fn, info, needs, launches=needs)
 
 
 def may_launch(fn: types.FunctionType) -> bool:

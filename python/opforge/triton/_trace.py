@@ -1,20 +1,24 @@
 """What opforge checks while an op's traced body runs (docs/triton.md).
 
 A Triton op's traced body runs under fake tensors (Dynamo) and under
-FunctionalTensorMode (AOTAutograd). Around each run, `guard` does two things:
+FunctionalTensorMode (AOTAutograd). Around each run, `guard` does three things:
 
 - it names the op's tensor arguments by parameter (`x`, `cfg.weight`,
   `xs[1]`) so that each launch can be checked for a kernel writing one that
   `mutates_args` does not declare: `check_launch` asks torch's kernel mutation
   analysis which arguments the kernel writes and compares their storages;
 - it turns the errors of host code that reads tensor values (`.item()`,
-  `assert (t > 0).all()`) into one that names the user's file and line.
+  `assert (t > 0).all()`) into one that names the user's file and line;
+- it gives traced tensors stand-in data pointers for host code that only
+  passes pointers along (`_Pointers`), and records the kernels each launch
+  reaches for `op.triton_kernels`.
 
     traced = guard("mylib::op", traced_body, inspect.signature(body), declared=("out",))
     traced(x, out)   # raises UndeclaredWriteError if a kernel writes x
 
-`autograd_switch` does the same for backward and setup_context, and picks
-the traced copy only while tracing, since nothing dispatches them.
+`backward_switch` and `setup_context_switch` do the same for backward and
+setup_context, and pick the traced copy only while tracing, since nothing
+dispatches them.
 """
 
 from __future__ import annotations
@@ -23,11 +27,15 @@ import dataclasses
 import inspect
 import linecache
 import os
+import sys
 import threading
 import warnings
 from typing import Any, Callable
 
-from . import _kernels
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import _kernels, _ops, _writes
 
 
 class UndeclaredWriteError(ValueError):
@@ -54,6 +62,16 @@ class Watch:
     phase: str  # "body", "backward" or "setup_context"
     storages: dict  # StorageWeakRef -> (path, description): ("x", "the op's parameter 'x'")
     error: bool  # raise (the body) or warn (backward)
+    addresses: dict = dataclasses.field(default_factory=dict)  # StorageWeakRef -> stand-in data_ptr()
+
+    def address(self, t: Any) -> int:
+        """A stand-in for a traced tensor's data_ptr(): one aligned base per
+        storage, so that views of one storage compare as they would eagerly."""
+        ref = _storage_ref(t)
+        base = self.addresses.get(ref)
+        if base is None:
+            base = self.addresses[ref] = (len(self.addresses) + 1) << 36
+        return base + t.storage_offset() * t.element_size()
 
 
 _LOCAL = threading.local()
@@ -61,6 +79,19 @@ _LOCAL = threading.local()
 
 def watching() -> bool:
     return getattr(_LOCAL, "watch", None) is not None
+
+
+def current_op() -> str:
+    """The op whose traced body, backward or setup_context is running."""
+    watch = getattr(_LOCAL, "watch", None)
+    return watch.op if watch is not None else "opforge"
+
+
+def found(kernel: Any) -> None:
+    """Records a launch of `kernel` for the op being traced (op.triton_kernels)."""
+    watch = getattr(_LOCAL, "watch", None)
+    if watch is not None:
+        _ops.found(watch.op, watch.phase, kernel)
 
 
 def _storage_ref(t: Any) -> Any:
@@ -74,8 +105,6 @@ def _storage_ref(t: Any) -> Any:
 
 def named_tensors(name: str, value: Any, out: list, depth: int = 0) -> None:
     """(path, tensor) for every tensor in a parameter value: `x`, `xs[1]`, `cfg.weight`."""
-    import torch
-
     if isinstance(value, torch.Tensor):
         out.append((name, value))
     elif depth > 4:
@@ -130,11 +159,7 @@ def check_launch(kernel: Any, args: tuple, kwargs: dict, frame) -> None:
     watch = getattr(_LOCAL, "watch", None)
     if watch is None or not watch.storages:
         return
-    import torch
-
-    from . import _writes
-
-    jit = _kernels._chain(kernel)[-1]
+    jit = _kernels.jit_of(kernel)
     names = list(getattr(jit, "arg_names", ()) or ())
     combined = {**dict(zip(names, args)), **kwargs}
     hit = []
@@ -195,7 +220,6 @@ def _library_dirs() -> list[tuple[str, bool]]:
     if not _LIBRARY_DIRS:
         import sysconfig
 
-        import torch
         import triton
 
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the opforge package
@@ -260,13 +284,37 @@ def _is_host_error(e: BaseException) -> bool:
     return isinstance(e, _host_errors()) or (isinstance(e, RuntimeError) and "Cannot access data pointer" in str(e))
 
 
-def _run_watched(op: str, where: str, watch: Watch | None, fn: Callable, *args, **kwargs):
+_DATA_PTR = torch._C.TensorBase.data_ptr
+_NO_DATA = "Cannot access data pointer of Tensor (e.g. FakeTensor, FunctionalTensor)"
+
+
+class _Pointers(TorchFunctionMode):
+    """data_ptr() of a traced tensor returns a stand-in address (Watch.address),
+    so host code that only passes pointers along runs while tracing (FlagGems'
+    StridedBuffer reads one when it is built). Triton's own runtime still gets
+    the error: a launch that did not go through wrap_triton cannot be traced."""
+
+    def __init__(self, watch: Watch):
+        super().__init__()
+        self.watch = watch
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is _DATA_PTR and args and isinstance(args[0], _tracing_types()):
+            caller = sys._getframe(1).f_globals.get("__name__") or ""
+            if caller.partition(".")[0] == "triton":
+                raise RuntimeError(f"{_NO_DATA}: Triton launched a kernel on a traced tensor.")
+            return self.watch.address(args[0])
+        return func(*args, **(kwargs or {}))
+
+
+def _run_watched(op: str, where: str, watch: Watch, fn: Callable, *args, **kwargs):
     """fn(*args, **kwargs) with `watch` checking its launches; host code that
     reads a tensor's value becomes a HostCodeError naming `where` and the
     user's line."""
     pushed = _Pushed(watch)
     try:
-        return fn(*args, **kwargs)
+        with _Pointers(watch):
+            return fn(*args, **kwargs)
     except Exception as e:
         if isinstance(e, (UndeclaredWriteError, HostCodeError)) or not _is_host_error(e):
             raise
@@ -302,39 +350,58 @@ def _copy_names(wrapper: Callable, fn: Callable) -> None:
     wrapper.__wrapped__ = fn  # inspect.signature(wrapper) == inspect.signature(fn)
 
 
-_TRACING_TYPES: tuple = ()
+_TRACING_TYPES: list = []
 
 
-def tracing(values) -> bool:
-    """Whether backward runs under a trace (AOTAutograd, make_fx, compiled
-    autograd, Dynamo) rather than eagerly: a dispatch mode is active, or a
-    value is a fake or functional tensor."""
-    global _TRACING_TYPES
-    import torch
-
-    if torch._C._len_torch_dispatch_stack() > 0 or torch.compiler.is_compiling():
-        return True
+def _tracing_types() -> tuple:
     if not _TRACING_TYPES:
         from torch._subclasses.fake_tensor import FakeTensor
         from torch._subclasses.functional_tensor import FunctionalTensor
 
-        _TRACING_TYPES = (FakeTensor, FunctionalTensor)
-    return any(isinstance(v, _TRACING_TYPES) for v in values)
+        _TRACING_TYPES.append((FakeTensor, FunctionalTensor))
+    return _TRACING_TYPES[0]
+
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def tracing(values) -> bool:
+    """Whether backward or setup_context runs under a trace (AOTAutograd,
+    make_fx, compiled autograd) rather than eagerly: a dispatch mode is
+    active, or a value (or an item of a tuple or list value) is a fake or
+    functional tensor. Cheap: it runs on every eager call with a gradient."""
+    if _dispatch_modes():
+        return True
+    for v in values:
+        if _traced_value(v):
+            return True
+    return False
+
+
+def _traced_value(v: Any) -> bool:
+    types = _TRACING_TYPES[0] if _TRACING_TYPES else _tracing_types()
+    if isinstance(v, types):
+        return True
+    if type(v) is tuple or type(v) is list:
+        for item in v:
+            if isinstance(item, types):
+                return True
+    return False
 
 
 _INPUTS_ATTR = "_opforge_watched_inputs"
 
 
-def backward_switch(op: str, eager: Callable, traced: Callable | None, sig: inspect.Signature | None) -> Callable:
-    """backward(ctx, *grads): the user's function eagerly; while tracing, the
-    traced copy (if it launches kernels), watching the gradients it was given
-    and the op inputs setup_context saw."""
+def backward_switch(op: str, eager: Callable, traced: Callable, sig: inspect.Signature | None) -> Callable:
+    """backward(ctx, *grads): the user's function eagerly; while tracing, its
+    traced copy, watching the gradients it was given and the op inputs
+    setup_context saw."""
 
     def describe(path: str) -> str:
         return f"backward's parameter '{path}' (a gradient autograd passes in, which other ops may share)"
 
     def backward(ctx, *grads):
-        if traced is None or not tracing(grads):
+        if not tracing(grads):
             return eager(ctx, *grads)
         storages = _param_storages(sig, (ctx, *grads), {}, frozenset(), describe) if sig is not None else {}
         storages.pop(None, None)
@@ -354,7 +421,7 @@ def setup_context_switch(op: str, eager: Callable, traced: Callable | None, para
     against them."""
 
     def setup_context(ctx, inputs, output):
-        if not tracing(_flat(inputs)):
+        if not (_dispatch_modes() or _traced_value(output)):
             return eager(ctx, inputs, output)
         found: list = []
         for pname, value in zip(param_names, inputs):
@@ -371,18 +438,11 @@ def setup_context_switch(op: str, eager: Callable, traced: Callable | None, para
         except (AttributeError, TypeError):  # pragma: no cover - autograd contexts take attributes
             pass
         fn = traced if traced is not None else eager
-        return _run_watched(op, "setup_context", None, fn, ctx, inputs, output)
+        return _run_watched(op, "setup_context", Watch(op, "setup_context", {}, False), fn, ctx, inputs, output)
 
     _copy_names(setup_context, eager)
     return setup_context
 
 
-def _flat(values) -> list:
-    out: list = []
-    for v in values:
-        named_tensors("", v, out)
-    return [t for _, t in out]
-
-
 __all__ = ["UndeclaredWriteError", "UndeclaredWriteWarning", "HostCodeError", "guard", "backward_switch",
-           "setup_context_switch", "check_launch", "watching", "tracing", "user_frames"]
+           "setup_context_switch", "check_launch", "watching", "current_op", "found", "tracing", "user_frames"]

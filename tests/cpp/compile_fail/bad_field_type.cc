@@ -10,7 +10,4 @@ OPFORGE_STRUCT(BadCfg, table);
 
 at::Tensor UseBad(const at::Tensor& x, const BadCfg&) { return x; }
 
-void Register(torch::Library& lib) {
-  opforge::Library m(lib, "bad");
-  m.def("f(Tensor x, BadCfg cfg) -> Tensor", &UseBad);
-}
+OPFORGE_LIBRARY(bad, m) { m.def("f(Tensor x, BadCfg cfg) -> Tensor", &UseBad); }

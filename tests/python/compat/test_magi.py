@@ -3,7 +3,10 @@ magi_register_custom_op: eager, torch.compile, autograd, dataclass inputs,
 meta-function forms, flags and errors."""
 
 import enum
+import os
+import subprocess
 import sys
+import textwrap
 import types
 from dataclasses import dataclass, field
 from typing import Literal, Optional
@@ -40,6 +43,22 @@ class TestRegistration:
 
         x = torch.randn(4, 8)
         assert_close(forward_only(x), x * 2 + 1)
+
+    def test_several_tensor_and_scalar_inputs_run_eagerly(self):
+        @magi_register_custom_op(name="magi_test::multi_input")
+        def multi_input(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+            return (a + b) * scale
+
+        a, b = torch.randn(4, 8), torch.randn(4, 8)
+        assert_close(multi_input(a, b, 2.5), (a + b) * 2.5)
+
+    def test_a_missing_return_annotation_is_rejected_in_magis_words(self):
+        with pytest.raises(TypeError, match=r"^magi_test::no_return: return value has no type annotation. Add one, "
+                                            r"e.g. '-> torch.Tensor' or '-> None'.$"):
+
+            @magi_register_custom_op(name="magi_test::no_return")
+            def no_return(x: torch.Tensor):
+                return x
 
     def test_op_is_reachable_through_torch_ops_with_the_flat_leaves(self):
         @dataclass(frozen=True)
@@ -113,7 +132,7 @@ class TestRegistration:
             magi_register_custom_op(op)
 
     def test_rejected_signature_registers_nothing(self):
-        with pytest.raises(TypeError, match="parameter 'x': missing type annotation"):
+        with pytest.raises(TypeError, match="parameter 'x' has no type annotation"):
 
             @magi_register_custom_op(name="magi_test::unannotated", is_subgraph_boundary=True)
             def unannotated(x) -> torch.Tensor:
@@ -199,6 +218,24 @@ class TestMetaFunction:
         x = torch.randn(2, 8)
         out = compiled(lambda t: dc_meta(t, ProjCfg(out_dim=3)) * 2)(x)
         assert_close(out, x[..., :3] * 2)
+
+    def test_callable_meta_describes_several_outputs(self):
+        def split_meta(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            half = x.shape[-1] // 2
+            return x.new_empty((*x.shape[:-1], half)), x.new_empty((*x.shape[:-1], half))
+
+        @magi_register_custom_op(name="magi_test::split", infer_output_meta_fn=split_meta)
+        def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            half = x.shape[-1] // 2
+            return x[..., :half].clone(), x[..., half:].clone()
+
+        x = torch.randn(4, 8)
+        low, high = compiled(lambda t: split(t))(x)
+        assert_close(low, x[..., :4])
+        assert_close(high, x[..., 4:])
+        with FakeTensorMode():
+            low, high = split(torch.empty(2, 6))
+        assert (low.shape, high.shape) == ((2, 3), (2, 3))
 
     def test_op_returning_none_needs_no_meta(self):
         @magi_register_custom_op(name="magi_test::fill_out", mutates_args=("out",))
@@ -343,6 +380,146 @@ class TestDataclassInputs:
         cfg = Cfg(bias=torch.tensor([1.0, 2.0, 3.0]), scale=2.0, biases=[torch.ones(3)], block_sizes=[1])
         assert_close(dc_optional_list(x, cfg), torch.tensor([6.0, 8.0, 10.0]))
 
+    def test_an_op_whose_only_parameter_is_a_dataclass_runs(self):
+        @magi_register_custom_op(name="magi_test::dc_only")
+        def dc_only(cfg: ScaleCfg) -> torch.Tensor:
+            return torch.full((2, 3), cfg.scale + cfg.bias)
+
+        assert_close(dc_only(ScaleCfg(2.0, 1.0)), torch.full((2, 3), 3.0))
+
+    def test_three_levels_of_dataclasses_and_a_meta_written_against_them(self):
+        @dataclass(frozen=True)
+        class Leaf:
+            val: float
+
+        @dataclass(frozen=True)
+        class Mid:
+            leaf: Leaf
+            extra: int
+
+        @dataclass(frozen=True)
+        class Root:
+            mid: Mid
+            out_dim: int
+
+        def meta(x: torch.Tensor, cfg: Root, alpha: float) -> torch.Tensor:
+            return x.new_empty((*x.shape[:-1], cfg.out_dim))
+
+        @magi_register_custom_op(name="magi_test::deep_dc", infer_output_meta_fn=meta)
+        def deep_dc(x: torch.Tensor, cfg: Root, alpha: float) -> torch.Tensor:
+            return x[..., : cfg.out_dim] * cfg.mid.leaf.val + cfg.mid.extra + alpha
+
+        x = torch.randn(2, 8)
+        cfg = Root(Mid(Leaf(2.0), 3), out_dim=3)
+        assert_close(deep_dc(x, cfg, alpha=1.0), x[..., :3] * 2.0 + 4.0)
+        with FakeTensorMode():
+            assert deep_dc(torch.empty(5, 8), cfg, 1.0).shape == (5, 3)
+
+    def test_pep604_and_none_defaulted_optional_fields(self):
+        @dataclass(frozen=True)
+        class Cfg:
+            bias: torch.Tensor | None
+            softcap: float | None = None
+            causal: bool | None = None
+
+        @magi_register_custom_op(name="magi_test::dc_pep604")
+        def dc_pep604(x: torch.Tensor, cfg: Cfg) -> torch.Tensor:
+            y = x.clone() if cfg.bias is None else x + cfg.bias
+            if cfg.softcap is not None:
+                y = torch.tanh(y / cfg.softcap) * cfg.softcap
+            return y * 0.5 if cfg.causal else y
+
+        x = torch.randn(2)
+        assert_close(dc_pep604(x, Cfg(None)), x)
+        assert_close(dc_pep604(x, Cfg(torch.ones(2), softcap=2.0, causal=True)), torch.tanh((x + 1) / 2.0))
+
+    def test_list_fields_of_every_element_type_including_an_empty_one(self):
+        @dataclass(frozen=True)
+        class Cfg:
+            biases: list[torch.Tensor]
+            maybe: list[Optional[torch.Tensor]]
+            scales: list[float]
+            sizes: list[int]
+            flags: list[bool]
+
+        @magi_register_custom_op(name="magi_test::dc_lists")
+        def dc_lists(x: torch.Tensor, cfg: Cfg) -> torch.Tensor:
+            assert all(type(s) is int for s in cfg.sizes) and all(type(f) is bool for f in cfg.flags)
+            out = x.clone()
+            for b in [*cfg.biases, *(m for m in cfg.maybe if m is not None)]:
+                out = out + b
+            return out * float(sum(cfg.scales))
+
+        x = torch.ones(3)
+        cfg = Cfg([torch.ones(3), torch.full((3,), 10.0)], [None, torch.ones(3)], [2.0, 0.5], [4, 8], [True, False])
+        assert_close(dc_lists(x, cfg), torch.full((3,), 32.5))
+        assert_close(dc_lists(x, Cfg([], [], [1.0], [], [])), x)
+
+    def test_an_optional_list_of_tensors_field_is_accepted(self):
+        @dataclass(frozen=True)
+        class Cfg:
+            biases: Optional[list[torch.Tensor]] = None
+
+        @magi_register_custom_op(name="magi_test::dc_optional_tensor_list")
+        def dc_optional_tensor_list(x: torch.Tensor, cfg: Cfg) -> torch.Tensor:
+            return x + sum(cfg.biases or [torch.zeros(())])
+
+        assert_close(dc_optional_tensor_list(torch.ones(2), Cfg()), torch.ones(2))
+        assert_close(dc_optional_tensor_list(torch.ones(2), Cfg([torch.ones(2)] * 2)), torch.full((2,), 3.0))
+
+    def test_field_defaults_and_default_factories_fill_in(self):
+        @dataclass(frozen=True)
+        class Inner:
+            val: float = 3.0
+
+        @dataclass(frozen=True)
+        class Cfg:
+            inner: Inner = Inner()
+            block_sizes: list[int] = field(default_factory=lambda: [4, 8])
+
+        @magi_register_custom_op(name="magi_test::dc_defaults")
+        def dc_defaults(x: torch.Tensor, cfg: Cfg) -> torch.Tensor:
+            return x * cfg.inner.val * sum(cfg.block_sizes)
+
+        x = torch.ones(2)
+        assert_close(dc_defaults(x, Cfg()), torch.full((2,), 36.0))
+        assert_close(dc_defaults(x, Cfg(Inner(1.0), [1, 2])), torch.full((2,), 3.0))
+
+    def test_tuple_and_dict_fields_are_rejected_in_magis_words(self):
+        @dataclass(frozen=True)
+        class TupleCfg:
+            qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+        @dataclass(frozen=True)
+        class DictCfg:
+            weight_by_name: dict[str, torch.Tensor]
+
+        with pytest.raises(TypeError, match=r"parameter 'cfg', field .*TupleCfg.qkv has tuple annotation .*; use "
+                                            r"list\[\.\.\.\]. Use list\[torch.Tensor\] instead.$"):
+
+            @magi_register_custom_op(name="magi_test::dc_tuple_field")
+            def dc_tuple_field(x: torch.Tensor, cfg: TupleCfg) -> torch.Tensor:
+                return x
+
+        with pytest.raises(TypeError, match=r"field .*DictCfg.weight_by_name has dict-typed annotation"):
+
+            @magi_register_custom_op(name="magi_test::dc_dict_field")
+            def dc_dict_field(x: torch.Tensor, cfg: DictCfg) -> torch.Tensor:
+                return x
+
+    def test_an_unresolvable_field_annotation_is_rejected_in_magis_words(self):
+        @dataclass(frozen=True)
+        class OuterCfg:
+            inner: "_DefinitelyNotInScope"  # noqa: F821
+
+        with pytest.raises(TypeError, match=r"^magi_test::dc_unresolvable: parameter 'cfg', field .*OuterCfg.inner "
+                                            r"has unresolved string annotation '_DefinitelyNotInScope'. Make the "
+                                            r"names it uses importable where the function is defined.$"):
+
+            @magi_register_custom_op(name="magi_test::dc_unresolvable")
+            def dc_unresolvable(x: torch.Tensor, cfg: OuterCfg) -> torch.Tensor:
+                return x
+
     def test_dtype_and_device_fields_keep_their_defaults(self):
         @dataclass(frozen=True)
         class CastCfg:
@@ -384,17 +561,60 @@ class TestDataclassInputs:
                 return x
 
     def test_tuple_and_dict_parameters_are_rejected_with_a_hint(self):
-        with pytest.raises(TypeError, match=r"tuple annotations .* Use list\[torch.Tensor\] instead"):
+        with pytest.raises(TypeError, match=r"^magi_test::top_tuple: parameter 'xs' has tuple annotation "
+                                            r"tuple\[torch.Tensor, \.\.\.\]; use list\[\.\.\.\]. "
+                                            r"Use list\[torch.Tensor\] instead.$"):
 
             @magi_register_custom_op(name="magi_test::top_tuple")
             def top_tuple(xs: tuple[torch.Tensor, ...]) -> torch.Tensor:
                 return xs[0]
 
-        with pytest.raises(TypeError, match="dict annotations"):
+        with pytest.raises(TypeError, match=r"^magi_test::top_dict: parameter 'xs' has dict-typed annotation "
+                                            r"dict\[str, torch.Tensor\]. Use a frozen dataclass or separate "
+                                            r"parameters.$"):
 
             @magi_register_custom_op(name="magi_test::top_dict")
             def top_dict(xs: dict[str, torch.Tensor]) -> torch.Tensor:
                 return xs["a"]
+
+
+class TestTopLevelParameters:
+    def test_optional_tensor_with_and_without_a_default(self):
+        @magi_register_custom_op(name="magi_test::opt_bias")
+        def opt_bias(x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+            return x.clone() if bias is None else x + bias
+
+        @magi_register_custom_op(name="magi_test::opt_bias_required")
+        def opt_bias_required(x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+            return x.clone() if bias is None else x + bias
+
+        x, b = torch.randn(3, 4), torch.randn(3, 4)
+        assert_close(opt_bias(x), x)
+        assert_close(opt_bias(x, b), x + b)
+        assert_close(opt_bias_required(x, None), x)
+
+    def test_a_list_int_default_is_kept_and_may_be_passed(self):
+        @magi_register_custom_op(name="magi_test::list_default")
+        def list_default(x: torch.Tensor, dims: list[int] = [0]) -> torch.Tensor:
+            return x.sum(dim=dims, keepdim=True)
+
+        x = torch.randn(3, 4)
+        assert list_default(x, [0]).shape == (1, 4)
+        assert list_default(x).shape == (1, 4)
+        assert list_default(x, [1]).shape == (3, 1)
+
+    def test_a_list_of_tensors_is_returned_with_its_meta(self):
+        def meta(x, n):
+            return [torch.empty_like(x.chunk(n, dim=0)[0]) for _ in range(n)]
+
+        @magi_register_custom_op(name="magi_test::chunks", infer_output_meta_fn=meta)
+        def chunks(x: torch.Tensor, n: int) -> list[torch.Tensor]:
+            return [c.clone() for c in x.chunk(n, dim=0)]
+
+        out = chunks(torch.randn(8, 4), 4)
+        assert isinstance(out, list) and [o.shape for o in out] == [(2, 4)] * 4
+        with FakeTensorMode():
+            assert [o.shape for o in chunks(torch.empty(6, 2), 3)] == [(2, 2)] * 3
 
 
 class TestLiteralAndEnum:
@@ -632,10 +852,84 @@ class TestAutograd:
         x = torch.randn(2, requires_grad=True)
         # MagiCompiler raises ValueError here; torch's autograd would raise
         # RuntimeError: the error is both.
-        with pytest.raises(ValueError, match=r"magi_test::grad_count: backward returned 2 gradient\(s\) "
-                                             r"but the op has 1 parameter") as info:
+        with pytest.raises(ValueError, match=r"^magi_test::grad_count: backward_fn returned 2 grad\(s\) but the "
+                                             r"function has 1 input\(s\); return one per parameter, None where "
+                                             r"there is none.$") as info:
             grad_count(x).sum().backward()
         assert isinstance(info.value, RuntimeError)
+
+    def test_gradients_for_two_tensors_and_none_for_a_float(self):
+        def setup(ctx, inputs, output):
+            ctx.weight = inputs[2]
+
+        def backward(ctx, grad):
+            return grad * ctx.weight, grad * (1 - ctx.weight), None
+
+        @magi_register_custom_op(name="magi_test::weighted_sum", setup_context_fn=setup, backward_fn=backward)
+        def weighted_sum(a: torch.Tensor, b: torch.Tensor, weight: float) -> torch.Tensor:
+            return a * weight + b * (1 - weight)
+
+        a, b = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+        weighted_sum(a, b, 0.75).sum().backward()
+        assert_close(a.grad, torch.full((4,), 0.75))
+        assert_close(b.grad, torch.full((4,), 0.25))
+
+    def test_a_dataclass_only_op_with_a_backward_runs_forward(self):
+        def setup(ctx, inputs, output):
+            (cfg,) = inputs
+            ctx.alpha = cfg.scale
+
+        @magi_register_custom_op(name="magi_test::dc_only_bwd", setup_context_fn=setup,
+                                 backward_fn=lambda ctx, grad: None)
+        def dc_only_bwd(cfg: ScaleCfg) -> torch.Tensor:
+            return torch.full((2, 3), cfg.scale)
+
+        assert_close(dc_only_bwd(ScaleCfg(1.5)), torch.full((2, 3), 1.5))
+
+    def test_tensors_around_a_nested_dataclass_get_their_gradients(self):
+        @dataclass(frozen=True)
+        class Outer:
+            inner: ScaleCfg
+            tag: float
+
+        def setup(ctx, inputs, output):
+            a, cfg, b = inputs
+            assert isinstance(cfg, Outer) and isinstance(cfg.inner, ScaleCfg)
+            ctx.scale, ctx.tag = cfg.inner.scale, cfg.tag
+
+        def backward(ctx, grad):
+            return grad * ctx.scale, None, grad * ctx.tag
+
+        @magi_register_custom_op(name="magi_test::sandwich", setup_context_fn=setup, backward_fn=backward)
+        def sandwich(a: torch.Tensor, cfg: Outer, b: torch.Tensor) -> torch.Tensor:
+            return a * cfg.inner.scale + b * cfg.tag + cfg.inner.bias
+
+        a, b = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+        ga, gb = torch.autograd.grad(sandwich(a, Outer(ScaleCfg(2.0, 0.5), -3.0), b).sum(), [a, b])
+        assert_close(ga, torch.full((4,), 2.0))
+        assert_close(gb, torch.full((4,), -3.0))
+
+    def test_backward_may_call_another_registered_op(self):
+        @magi_register_custom_op(name="magi_test::matmul_grad_x")
+        def matmul_grad_x(gy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return gy @ w.t()
+
+        def setup(ctx, inputs, output):
+            ctx.save_for_backward(*inputs)
+
+        def backward(ctx, gy):
+            x, w = ctx.saved_tensors
+            return matmul_grad_x(gy, w), x.t() @ gy
+
+        @magi_register_custom_op(name="magi_test::matmul", setup_context_fn=setup, backward_fn=backward)
+        def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return x @ w
+
+        x, w = torch.randn(3, 4, requires_grad=True), torch.randn(4, 5, requires_grad=True)
+        matmul(x, w).sum().backward()
+        gy = torch.ones(3, 5)
+        assert_close(x.grad, gy @ w.detach().t())
+        assert_close(w.grad, x.detach().t() @ gy)
 
     def test_gradient_without_backward_is_a_clear_error(self):
         @magi_register_custom_op(name="magi_test::no_backward")
@@ -685,11 +979,64 @@ class TestMutation:
         )
 
     def test_unknown_mutates_args_entry_is_rejected(self):
-        with pytest.raises(ValueError, match="magi_test::mutate_typo"):
+        with pytest.raises(ValueError, match=r"^magi_test::mutate_typo: mutates_args entry 'outt' does not match "
+                                             r"any parameter. Name a parameter \(x, out\).$"):
 
             @magi_register_custom_op(name="magi_test::mutate_typo", mutates_args=("outt",))
             def mutate_typo(x: torch.Tensor, out: torch.Tensor) -> None:
                 out.copy_(x)
+
+
+class TestCompositions:
+    def test_a_keyword_only_dataclass_with_and_without_a_backward(self):
+        @magi_register_custom_op(name="magi_test::kwonly")
+        def kwonly(x: torch.Tensor, *, cfg: ScaleCfg) -> torch.Tensor:
+            return x * cfg.scale
+
+        def setup(ctx, inputs, output):
+            ctx.scale = inputs[1].scale
+
+        @magi_register_custom_op(name="magi_test::kwonly_bwd", setup_context_fn=setup,
+                                 backward_fn=lambda ctx, grad: (grad * ctx.scale, None))
+        def kwonly_bwd(x: torch.Tensor, *, cfg: ScaleCfg) -> torch.Tensor:
+            return x * cfg.scale
+
+        x = torch.randn(3, requires_grad=True)
+        assert_close(kwonly(x, cfg=ScaleCfg(4.0)), x * 4.0)
+        kwonly_bwd(x, cfg=ScaleCfg(2.5)).sum().backward()
+        assert_close(x.grad, torch.full((3,), 2.5))
+
+    def test_a_flat_leaf_name_in_mutates_args_marks_that_leaf(self):
+        @dataclass(frozen=True)
+        class Pair:
+            a: torch.Tensor
+            b: torch.Tensor
+
+        @magi_register_custom_op(name="magi_test::mutate_leaf", mutates_args=("cfg__a",))
+        def mutate_leaf(x: torch.Tensor, cfg: Pair) -> torch.Tensor:
+            cfg.a.add_(x)
+            return cfg.a + cfg.b
+
+        assert "Tensor(a1!) cfg__a, Tensor cfg__b" in mutate_leaf.schema
+        a = torch.zeros(3)
+        assert_close(mutate_leaf(torch.ones(3), Pair(a, torch.zeros(3))), torch.ones(3))
+        assert_close(a, torch.ones(3))
+
+    def test_an_op_may_call_other_ops_with_plain_or_dataclass_arguments(self):
+        @magi_register_custom_op(name="magi_test::inner_plain")
+        def inner_plain(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @magi_register_custom_op(name="magi_test::inner_dc")
+        def inner_dc(x: torch.Tensor, cfg: ScaleCfg) -> torch.Tensor:
+            return x * cfg.scale
+
+        @magi_register_custom_op(name="magi_test::outer")
+        def outer(x: torch.Tensor) -> torch.Tensor:
+            return inner_dc(inner_plain(x), ScaleCfg(3.0)) + 1
+
+        x = torch.randn(4)
+        assert_close(outer(x), x * 6.0 + 1)
 
 
 class TestFlags:
@@ -801,3 +1148,207 @@ def test_an_outermost_triton_heuristics_kernel_is_a_runtime_error_as_in_magi():
 
     with pytest.raises(AttributeError):
         torch.ops.magi_test.heuristic_top.default
+
+
+@pytest.fixture
+def strict():
+    previous = magi.set_strict(True)
+    yield
+    magi.set_strict(previous)
+
+
+class TestStrictMode:
+    """What opforge accepts beyond MagiCompiler, rejected as MagiCompiler
+    rejects it, then the way out."""
+
+    def test_int_literals_and_int_enums_are_rejected_at_any_depth(self, strict):
+        class Bits(enum.Enum):
+            FOUR = 4
+
+        @dataclass(frozen=True)
+        class Cfg:
+            bits: Bits
+
+        with pytest.raises(TypeError, match=r"^magi_test::strict_literal: parameter 'k' has Literal Literal\[1, 2\]; "
+                                            r"only Literal\[str, \.\.\.\] is auto-downgraded. Use str values, or "
+                                            r"opforge accepts it: call opforge.compat.magi.set_strict\(False\)"):
+
+            @magi_register_custom_op(name="magi_test::strict_literal")
+            def strict_literal(x: torch.Tensor, k: Literal[1, 2]) -> torch.Tensor:
+                return x
+
+        with pytest.raises(TypeError, match=r"parameter 'cfg', field .*Cfg.bits has non-string Enum '.*Bits'"):
+
+            @magi_register_custom_op(name="magi_test::strict_enum")
+            def strict_enum(x: torch.Tensor, cfg: Cfg) -> torch.Tensor:
+                return x
+
+        assert not hasattr(torch.ops.magi_test, "strict_literal")
+
+    def test_an_optional_list_of_tensors_is_an_unsupported_type(self, strict):
+        @dataclass(frozen=True)
+        class Cfg:
+            biases: Optional[list[torch.Tensor]]
+
+        with pytest.raises(ValueError, match=r"field .*Cfg.biases has unsupported type Optional\[list\[Tensor\]\]. "
+                                             r"Use list\[Optional\[Tensor\]\]"):
+
+            @magi_register_custom_op(name="magi_test::strict_optional_list")
+            def strict_optional_list(x: torch.Tensor, cfg: Cfg) -> torch.Tensor:
+                return x
+
+    def test_a_returned_dataclass_is_rejected(self, strict):
+        with pytest.raises(TypeError, match=r"^magi_test::strict_return: returns dataclass 'Pair'; only Tensor / "
+                                            r"tuple\[Tensor, \.\.\.\] / list\[Tensor\] are supported."):
+
+            @magi_register_custom_op(name="magi_test::strict_return")
+            def strict_return(x: torch.Tensor) -> Pair:
+                return Pair(x.clone(), x.clone())
+
+    def test_has_internal_collective_is_an_unexpected_keyword(self, strict):
+        with pytest.raises(TypeError, match=r"unexpected keyword argument 'has_internal_collective'. MagiCompiler "
+                                            r"dropped it"):
+            magi_register_custom_op(name="magi_test::strict_collective", has_internal_collective=True)
+
+    def test_what_magi_accepts_is_still_accepted(self, strict):
+        @dataclass(frozen=True)
+        class Cfg:
+            maybe: list[Optional[torch.Tensor]]
+            mode: Mode = Mode.A
+
+        @magi_register_custom_op(name="magi_test::strict_ok")
+        def strict_ok(x: torch.Tensor, cfg: Cfg, kind: Literal["a", "b"] = "a") -> torch.Tensor:
+            return x * (2.0 if cfg.mode == kind else 3.0)
+
+        assert_close(strict_ok(torch.ones(2), Cfg([None], Mode.B), "b"), torch.full((2,), 2.0))
+
+    def test_strict_mode_can_be_set_for_the_process_by_the_environment(self):
+        source = textwrap.dedent("""
+            import typing, torch
+            from opforge.compat.magi import magi_register_custom_op
+            try:
+                @magi_register_custom_op(name="magi_env::f")
+                def f(x: torch.Tensor, k: typing.Literal[1, 2]) -> torch.Tensor:
+                    return x
+            except TypeError as e:
+                print(e)
+        """)
+        env = dict(os.environ, OPFORGE_MAGI_STRICT="1")
+        out = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=300)
+        assert "magi_env::f: parameter 'k' has Literal Literal[1, 2]" in out.stdout, out.stderr
+
+
+@pytest.fixture
+def profiling(monkeypatch):
+    """A stand-in for `magi_compiler.profiling` as of MagiCompiler's current
+    main: every registered op replays in lockstep, some with a hook."""
+    module = types.ModuleType("magi_compiler.profiling")
+    module.hooks, module.lockstep = {}, set()
+
+    def register_materialize_inputs(op_name, fn=None):
+        if fn is not None:
+            module.hooks[op_name] = fn
+        module.lockstep.add(op_name)
+
+    module.register_materialize_inputs = register_materialize_inputs
+    monkeypatch.setitem(sys.modules, "magi_compiler.profiling", module)
+    return module
+
+
+class TestProfiling:
+    def test_every_op_is_a_lockstep_replay_op_with_its_hook(self):
+        def inputs(x, n):
+            return x, 4
+
+        @magi_register_custom_op(name="magi_test::replayed", materialize_inputs=inputs)
+        def replayed(x: torch.Tensor, n: int) -> torch.Tensor:
+            return x * n
+
+        @magi_register_custom_op(name="magi_test::replayed_plain")
+        def replayed_plain(x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        ops = magi.lockstep_replay_ops()
+        assert ops["magi_test::replayed"] is inputs and ops["magi_test::replayed_plain"] is None
+
+    def test_ops_register_with_magi_compilers_profiling_when_it_is_installed(self, profiling):
+        @dataclass(frozen=True)
+        class Split:
+            sizes: list[int]
+
+        def split_inputs(q, cfg__sizes):
+            # The profiler replays the flat op: the hook takes and returns its leaves.
+            return q, [q.shape[0] // len(cfg__sizes)] * len(cfg__sizes)
+
+        @magi_register_custom_op(name="magi_test::attn_cp", materialize_inputs=split_inputs)
+        def attn_cp(q: torch.Tensor, cfg: Split) -> torch.Tensor:
+            assert sum(cfg.sizes) == q.shape[0]
+            return q.clone()
+
+        @magi_register_custom_op(name="magi_test::attn_plain")
+        def attn_plain(q: torch.Tensor) -> torch.Tensor:
+            return q.clone()
+
+        assert profiling.lockstep == {"magi_test::attn_cp", "magi_test::attn_plain"}
+        assert profiling.hooks == {"magi_test::attn_cp": split_inputs}
+        q = torch.randn(6, 2)
+        replay_args = profiling.hooks[attn_cp._magi_torch_registered_op.name()](q, [0, 0])
+        assert_close(attn_cp._magi_torch_registered_op(*replay_args), q)
+
+    def test_a_registry_that_flags_lockstep_ops_gets_the_flag(self, profiling):
+        calls = []
+
+        def register_materialize_inputs(op_name, fn=None, *, has_internal_collective=False):
+            calls.append((op_name, fn, has_internal_collective))
+
+        profiling.register_materialize_inputs = register_materialize_inputs
+
+        @magi_register_custom_op(name="magi_test::flagged_replay")
+        def flagged_replay(x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        assert calls == [("magi_test::flagged_replay", None, True)]
+
+    def test_an_incompatible_registry_is_a_warning_and_the_op_still_works(self, profiling):
+        def register_materialize_inputs(op_name):  # a release that takes no hook
+            pass
+
+        profiling.register_materialize_inputs = register_materialize_inputs
+        with pytest.warns(UserWarning, match=r"magi_test::unregistered: could not add the op to MagiCompiler's "
+                                             r"profiling registry \(TypeError"):
+
+            @magi_register_custom_op(name="magi_test::unregistered", materialize_inputs=lambda x: None)
+            def unregistered(x: torch.Tensor) -> torch.Tensor:
+                return x + 1
+
+        assert_close(unregistered(torch.zeros(1)), torch.ones(1))
+
+    def test_materialize_inputs_must_be_a_function(self):
+        with pytest.raises(TypeError, match=r"materialize_inputs must be a function taking the op's flat "
+                                            r"arguments, not list"):
+            magi_register_custom_op(name="magi_test::bad_hook", materialize_inputs=[1])
+
+    def test_has_internal_collective_is_accepted_with_a_deprecation_warning(self):
+        with pytest.warns(DeprecationWarning, match="has_internal_collective is ignored. MagiCompiler dropped it"):
+            decorate = magi_register_custom_op(name="magi_test::collective", has_internal_collective=True)
+
+        @decorate
+        def collective(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        assert_close(collective(torch.ones(2)), torch.full((2,), 2.0))
+        assert "magi_test::collective" in magi.lockstep_replay_ops()
+
+    def test_max_introspect_depth_must_be_a_count(self):
+        with pytest.raises(ValueError, match=r"max_introspect_depth=-1 is not a count of helper calls"):
+            magi_register_custom_op(name="magi_test::bad_depth", max_introspect_depth=-1)
+
+    def test_the_triton_scan_follows_helpers_whatever_max_introspect_depth_says(self):
+        pytest.importorskip("triton")
+        from triton_helpers import library
+
+        @magi_register_custom_op(name="magi_test::scan_depth", max_introspect_depth=0)
+        def scan_depth(x: torch.Tensor) -> torch.Tensor:
+            return library.scale_forward(x, 3.0)
+
+        assert [k.fn.__name__ for k in scan_depth.triton_kernels] == ["scale_kernel"]

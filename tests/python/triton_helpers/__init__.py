@@ -26,7 +26,7 @@ def load_interpreted():
         package = importlib.util.module_from_spec(spec)
         sys.modules[name] = package
         spec.loader.exec_module(package)
-        for sub in ("kernels", "launchers", "ops", "rebind", "library", "lazy"):
+        for sub in ("kernels", "launchers", "ops", "rebind", "library", "lazy", "device", "flaglike"):
             importlib.import_module(f"{name}.{sub}")
     except BaseException:
         sys.modules.pop(name, None)

@@ -1,0 +1,67 @@
+// How a built library reaches opforge's C surface (opforge/abi.h).
+//
+// A library on libtorch's C++ API links libopforge_core and calls it. A
+// stable-ABI library links nothing of opforge: it finds the core that is
+// loaded (import opforge) or, failing that, the one its RUNPATH names (the
+// wheel recipe puts opforge's lib/ there), so the same .so works with every
+// opforge that serves ABI version 1.
+#pragma once
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "opforge/abi.h"
+
+#ifdef OPFORGE_STABLE_ABI
+#include <dlfcn.h>
+#endif
+
+namespace opforge::detail {
+
+// The C surface, or null with `why` set when opforge is missing or older
+// than this library needs.
+inline const OpforgeAbiV1* FindAbi(std::string* why) {
+  using Get = const void* (*)(uint32_t, uint32_t*);
+  using Version = const char* (*)();
+#ifdef OPFORGE_STABLE_ABI
+  void* core = dlopen("libopforge_core.so", RTLD_NOW | RTLD_NOLOAD);
+  if (core == nullptr) core = dlopen("libopforge_core.so", RTLD_NOW | RTLD_GLOBAL);
+  if (core == nullptr) {
+    if (why) {
+      *why = "opforge is not loaded and libopforge_core.so was not found; import opforge before "
+             "loading this library.";
+    }
+    return nullptr;
+  }
+  auto get = reinterpret_cast<Get>(dlsym(core, "opforge_abi_get"));
+  auto version = reinterpret_cast<Version>(dlsym(core, "opforge_version"));
+#else
+  Get get = &opforge_abi_get;
+  Version version = &opforge_version;
+#endif
+  uint32_t newest = 0;
+  const void* table = get ? get(OPFORGE_ABI_VERSION, &newest) : nullptr;
+  if (table == nullptr) {
+    if (why) {
+      *why = std::string("this library needs opforge's C ABI version ") + std::to_string(OPFORGE_ABI_VERSION) +
+             " but the loaded opforge " + (version ? version() : "(unknown version)") +
+             " provides versions up to " + std::to_string(newest) + "; install a newer opforge.";
+    }
+    return nullptr;
+  }
+  return static_cast<const OpforgeAbiV1*>(table);
+}
+
+// The C surface; throws when there is none (see FindAbi).
+inline const OpforgeAbiV1& Abi() {
+  static const OpforgeAbiV1* abi = FindAbi(nullptr);
+  if (abi == nullptr) {
+    std::string why;
+    FindAbi(&why);
+    throw std::runtime_error("opforge: " + why);
+  }
+  return *abi;
+}
+
+}  // namespace opforge::detail

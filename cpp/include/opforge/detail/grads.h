@@ -1,0 +1,322 @@
+// Gradients written against a kernel's own (struct) signature, the same for
+// both torch ABIs: what a C++ backward returns (GradsFor), a struct's
+// gradient field by field (Grad<S>), and how they become flat leaf gradients.
+// `opforge::Tensor` is the ABI's tensor type (opforge/library.h or
+// opforge/stable/library.h).
+#pragma once
+
+#include <array>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "opforge/detail/nodes.h"
+
+namespace opforge {
+namespace detail {
+
+// What a backward's errors name.
+struct OpNames {
+  std::string name;                      // "mylib::affine"
+  std::vector<std::string> param_names;  // the kernel's parameters
+};
+
+[[noreturn]] inline void ThrowNonTensorGrad(const OpNames& op, size_t param) {
+  throw std::invalid_argument(op.name + ": parameter '" + op.param_names.at(param) +
+                              "': backward returned a defined gradient, but the parameter is not a Tensor. "
+                              "Return opforge::NoGrad{} (or an undefined tensor) for it.");
+}
+
+[[noreturn]] inline void ThrowListGradSize(const OpNames& op, size_t param, size_t expected, size_t got) {
+  throw std::invalid_argument(op.name + ": parameter '" + op.param_names.at(param) + "': backward returned " +
+                              std::to_string(got) + " gradients for a list of " + std::to_string(expected) +
+                              " tensors. Return one gradient per tensor (undefined where there is none), or an "
+                              "empty list.");
+}
+
+}  // namespace detail
+
+// The gradient of a parameter that has none (a scalar, an enum, a handle).
+struct NoGrad {
+  NoGrad() = default;
+  NoGrad(std::nullopt_t) {}  // NOLINT: `return {grad, std::nullopt}` reads well
+};
+
+namespace detail {
+
+// The gradient of one flat leaf: a tensor, or the tensors of a Tensor[] leaf.
+struct LeafGrad {
+  Tensor one;
+  std::vector<Tensor> many;
+};
+
+[[noreturn]] inline void ThrowUnknownField(const std::string& struct_name, const char* method) {
+  throw std::invalid_argument("opforge::Grad<" + struct_name + ">::" + method +
+                              ": the field is not one of those listed in OPFORGE_STRUCT. Add it to the "
+                              "OPFORGE_STRUCT(...) field list.");
+}
+
+}  // namespace detail
+
+// A struct parameter's gradient, given field by field: its Tensor fields (and
+// those of nested structs) get gradients, the others have none.
+//
+//   opforge::Grad<Cfg> g;
+//   g.set(&Cfg::w, grad_w).set(&Cfg::inner, opforge::Grad<Inner>().set(&Inner::t, grad_t));
+template <class S>
+class Grad {
+  static_assert(kIsStruct<S>, "opforge::Grad<S>: S must be an OPFORGE_STRUCT type.");
+
+ public:
+  static constexpr size_t kLeaves = detail::StructNode<S>::kCount;
+
+  Grad() = default;
+  // No gradient for any field: `return {gx, opforge::NoGrad{}}` for a struct
+  // parameter, config structs without tensors included.
+  Grad(NoGrad) {}  // NOLINT
+
+  Grad& set(Tensor S::*field, Tensor grad) {
+    leaves_[Offset(field, "set")].one = std::move(grad);
+    return *this;
+  }
+  Grad& set(std::optional<Tensor> S::*field, Tensor grad) {
+    leaves_[Offset(field, "set")].one = std::move(grad);
+    return *this;
+  }
+  Grad& set(std::vector<Tensor> S::*field, std::vector<Tensor> grads) {
+    leaves_[Offset(field, "set")].many = std::move(grads);
+    return *this;
+  }
+  template <class T>
+  Grad& set(T S::*field, const Grad<T>& grad) {
+    Place(Offset(field, "set"), grad);
+    return *this;
+  }
+  template <class T>
+  Grad& set(std::optional<T> S::*field, const Grad<T>& grad) {
+    Place(Offset(field, "set") + 1, grad);  // after the presence leaf
+    return *this;
+  }
+  const Tensor& get(Tensor S::*field) const { return leaves_[Offset(field, "get")].one; }
+  const Tensor& get(std::optional<Tensor> S::*field) const {
+    return leaves_[Offset(field, "get")].one;
+  }
+
+  // Leaf gradients in the struct's flat order.
+  const std::array<detail::LeafGrad, kLeaves>& leaves() const { return leaves_; }
+  std::array<detail::LeafGrad, kLeaves>& leaves() { return leaves_; }
+
+ private:
+  template <class T>
+  void Place(size_t offset, const Grad<T>& grad) {
+    for (size_t i = 0; i < Grad<T>::kLeaves; ++i) leaves_[offset + i] = grad.leaves()[i];
+  }
+
+  // The first leaf of `field`, found among the reflected fields of S.
+  template <class M>
+  static size_t Offset(M S::*field, const char* method) {
+    size_t found = kLeaves;
+    FindField(field, found, std::make_index_sequence<detail::StructNode<S>::kFields>{});
+    if (found == kLeaves) detail::ThrowUnknownField(detail::StructName<S>(), method);
+    return found;
+  }
+  template <class M, size_t... J>
+  static void FindField(M S::*field, size_t& found, std::index_sequence<J...>) {
+    constexpr auto fields = opforge_reflect(static_cast<S*>(nullptr));
+    (
+        [&] {
+          if constexpr (std::is_same_v<detail::FieldType<S, J>, M>) {
+            if (std::get<J>(fields).member == field) found = detail::StructNode<S>::template kOffset<J>;
+          }
+        }(),
+        ...);
+  }
+
+  std::array<detail::LeafGrad, kLeaves> leaves_;
+};
+
+namespace detail {
+
+template <class T, class = void>
+struct GradOfImpl {
+  using type = NoGrad;
+};
+template <>
+struct GradOfImpl<Tensor> {
+  using type = Tensor;
+};
+template <>
+struct GradOfImpl<std::optional<Tensor>> {
+  using type = Tensor;
+};
+template <>
+struct GradOfImpl<std::vector<Tensor>> {
+  using type = std::vector<Tensor>;
+};
+template <class S>
+struct GradOfImpl<S, std::enable_if_t<kIsStruct<S>>> {
+  using type = Grad<S>;
+};
+template <class S>
+struct GradOfImpl<std::optional<S>, std::enable_if_t<kIsStruct<S>>> {
+  using type = Grad<S>;
+};
+
+template <class Fn>
+struct GradsForImpl;
+template <class R, class... Args>
+struct GradsForImpl<R(Args...)> {
+  using type = std::tuple<typename GradOfImpl<std::decay_t<Args>>::type...>;
+};
+template <class R, class... Args>
+struct GradsForImpl<R (*)(Args...)> : GradsForImpl<R(Args...)> {};
+
+}  // namespace detail
+
+// The gradient type of a parameter of type T: Tensor for tensors,
+// std::vector<Tensor> for Tensor[], Grad<S> for structs, NoGrad otherwise.
+template <class T>
+using GradOf = typename detail::GradOfImpl<std::decay_t<T>>::type;
+
+// What backward returns for a kernel `Fn`: one gradient per parameter.
+//   GradsFor<Tensor(const Tensor&, const Cfg&, int64_t)>
+//     == std::tuple<Tensor, Grad<Cfg>, NoGrad>
+template <class Fn>
+using GradsFor = typename detail::GradsForImpl<std::decay_t<Fn>>::type;
+
+namespace detail {
+
+// Outputs: an op with a backward returns Tensor, a tuple of Tensors,
+// Tensor[] or a struct whose fields are all Tensors.
+template <class R, class = void>
+struct Outputs {
+  static constexpr bool kSupported = false;
+};
+template <>
+struct Outputs<Tensor> {
+  static constexpr bool kSupported = true;
+  using Flat = Tensor;
+  static std::vector<Tensor> ToList(Tensor out) { return {std::move(out)}; }
+  static Tensor FromList(std::vector<Tensor>&& outs) { return std::move(outs[0]); }
+  static const Tensor& Original(const Tensor& out) { return out; }
+  template <class G, class Ctx>
+  static auto Backward(Ctx* ctx, std::vector<Tensor>& grads) {
+    return G::backward(ctx, grads[0]);
+  }
+};
+template <>
+struct Outputs<std::vector<Tensor>> {
+  static constexpr bool kSupported = true;
+  using Flat = std::vector<Tensor>;
+  static std::vector<Tensor> ToList(std::vector<Tensor> out) { return out; }
+  static std::vector<Tensor> FromList(std::vector<Tensor>&& outs) { return std::move(outs); }
+  static const std::vector<Tensor>& Original(const std::vector<Tensor>& out) { return out; }
+  template <class G, class Ctx>
+  static auto Backward(Ctx* ctx, std::vector<Tensor>& grads) {
+    return G::backward(ctx, grads);
+  }
+};
+template <class... T>
+struct Outputs<std::tuple<T...>,
+               std::enable_if_t<(std::is_same_v<T, Tensor> && ...)>> {
+  static constexpr bool kSupported = true;
+  using Flat = std::tuple<T...>;
+  static std::vector<Tensor> ToList(Flat out) {
+    return std::apply([](auto&... t) { return std::vector<Tensor>{std::move(t)...}; }, out);
+  }
+  static Flat FromList(std::vector<Tensor>&& outs) {
+    return FromListImpl(outs, std::index_sequence_for<T...>{});
+  }
+  template <size_t... I>
+  static Flat FromListImpl(std::vector<Tensor>& outs, std::index_sequence<I...>) {
+    return Flat(std::move(outs[I])...);
+  }
+  static const Flat& Original(const Flat& out) { return out; }
+  template <class G, class Ctx>
+  static auto Backward(Ctx* ctx, std::vector<Tensor>& grads) {
+    return CallBackward<G>(ctx, grads, std::index_sequence_for<T...>{});
+  }
+  template <class G, class Ctx, size_t... I>
+  static auto CallBackward(Ctx* ctx, std::vector<Tensor>& grads, std::index_sequence<I...>) {
+    return G::backward(ctx, grads[I]...);
+  }
+};
+
+template <class S, size_t... J>
+constexpr bool AllTensorFields(std::index_sequence<J...>) {
+  return (std::is_same_v<FieldType<S, J>, Tensor> && ...);
+}
+
+// A struct return: its Tensor fields; backward gets the gradients as an S.
+template <class S>
+struct Outputs<S, std::enable_if_t<kIsStruct<S>>> {
+  static constexpr size_t kFields = kNumFields<S>;
+  static constexpr bool kSupported = AllTensorFields<S>(std::make_index_sequence<kFields>{});
+  using Flat = typename Ret<S>::Flat;
+  using Tuple = Outputs<Flat>;
+  static std::vector<Tensor> ToList(Flat out) { return Tuple::ToList(std::move(out)); }
+  static Flat FromList(std::vector<Tensor>&& outs) { return Tuple::FromList(std::move(outs)); }
+  template <class List>
+  static S Rebuild(const List& items) {
+    return RebuildImpl(items, std::make_index_sequence<kFields>{});
+  }
+  template <class List, size_t... J>
+  static S RebuildImpl(const List& items, std::index_sequence<J...>) {
+    S s{};
+    ((FieldOf<J>(s) = Item<J>(items)), ...);
+    return s;
+  }
+  template <size_t J>
+  static const Tensor& Item(const Flat& t) { return std::get<J>(t); }
+  template <size_t J>
+  static const Tensor& Item(const std::vector<Tensor>& v) { return v[J]; }
+  static S Original(const Flat& out) { return Rebuild(out); }
+  template <class G, class Ctx>
+  static auto Backward(Ctx* ctx, std::vector<Tensor>& grads) {
+    return G::backward(ctx, Rebuild(grads));
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Gradients returned by backward -> leaf gradients.
+
+template <class P, class V>
+void PutGrad(const OpNames& op, size_t param, LeafGrad* leaves, V&& value) {
+  using T = std::decay_t<V>;
+  if constexpr (std::is_same_v<T, NoGrad> || std::is_same_v<T, std::nullopt_t>) {
+    return;
+  } else if constexpr (std::is_same_v<P, Tensor> || std::is_same_v<P, std::optional<Tensor>>) {
+    if constexpr (std::is_same_v<T, std::optional<Tensor>>) {
+      if (value.has_value()) leaves[0].one = *std::forward<V>(value);
+    } else {
+      static_assert(std::is_convertible_v<V, Tensor>,
+                    "opforge: the gradient of a Tensor parameter is an Tensor (or NoGrad).");
+      leaves[0].one = std::forward<V>(value);
+    }
+  } else if constexpr (std::is_same_v<P, std::vector<Tensor>>) {
+    static_assert(std::is_convertible_v<V, std::vector<Tensor>>,
+                  "opforge: the gradient of a Tensor[] parameter is a std::vector<Tensor> (or NoGrad).");
+    leaves[0].many = std::forward<V>(value);
+  } else if constexpr (kIsStruct<P>) {
+    static_assert(std::is_same_v<T, Grad<P>>,
+                  "opforge: the gradient of a struct parameter S is an opforge::Grad<S> (or NoGrad).");
+    for (size_t i = 0; i < Grad<P>::kLeaves; ++i) leaves[i] = value.leaves()[i];
+  } else if constexpr (IsOptionalStruct<P>::value) {
+    using S = typename P::value_type;
+    static_assert(std::is_same_v<T, Grad<S>>,
+                  "opforge: the gradient of an optional struct parameter S is an opforge::Grad<S> (or NoGrad).");
+    for (size_t i = 0; i < Grad<S>::kLeaves; ++i) leaves[1 + i] = value.leaves()[i];
+  } else {
+    // Scalars, enums, handles: only "no gradient" is accepted.
+    static_assert(std::is_same_v<T, Tensor>,
+                  "opforge: a parameter that is not a Tensor has no gradient; return opforge::NoGrad{} for it.");
+    if (value.defined()) ThrowNonTensorGrad(op, param);
+  }
+}
+
+}  // namespace detail
+}  // namespace opforge

@@ -1,0 +1,150 @@
+// `m` in OPFORGE_LIBRARY(ns, m): the registration API, the same in both torch
+// ABI modes. Each call is recorded in the block's plan; the block commits
+// when it ends (opforge/detail/plan.h).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "opforge/detail/nodes.h"
+#include "opforge/detail/plan.h"
+
+namespace opforge::detail {
+
+template <class Mode, class Backend>
+class LibraryApi;
+
+// What `m.def(...)` returns: per-argument tags and a C++ backward.
+template <class Mode, class Backend>
+class OpBuilderApi {
+ public:
+  OpBuilderApi(LibraryApi<Mode, Backend>& lib, std::string name) : lib_(lib), name_(std::move(name)) {}
+
+  // Declares arguments that must live in symmetric memory (docs/symm_mem.md).
+  // Names may be parameters (a struct expands to its Tensor leaves) or leaves.
+  OpBuilderApi& symm_mem_args(const std::vector<std::string>& names) { return arg_tag("symm_mem", names); }
+  // Attaches `tag` to arguments; the generic form of symm_mem_args.
+  OpBuilderApi& arg_tag(const std::string& tag, const std::vector<std::string>& names) {
+    lib_.plan().AddTag(name_, tag, names);
+    return *this;
+  }
+  // Declares the op's backward, written against the kernel's C++ signature
+  // `Sig` (e.g. `at::Tensor(const at::Tensor&, const Cfg&)`); see
+  // opforge/backward.h and docs/cpp_ops.md#autograd-in-c.
+  template <class G, class Sig>
+  OpBuilderApi& autograd() {
+    lib_.template SetAutograd<G, Sig>(name_);
+    return *this;
+  }
+  // The op's name in its namespace ("rms_norm").
+  const std::string& name() const { return name_; }
+
+ protected:
+  LibraryApi<Mode, Backend>& lib_;
+  std::string name_;
+};
+
+// What `m.def(schema, &kernel)` returns: it knows the kernel's signature, so
+// `.autograd<G>()` needs nothing else.
+template <class Mode, class Backend, class Sig>
+class TypedOpBuilderApi : public OpBuilderApi<Mode, Backend> {
+ public:
+  using Base = OpBuilderApi<Mode, Backend>;
+  explicit TypedOpBuilderApi(Base builder) : Base(std::move(builder)) {}
+  TypedOpBuilderApi& symm_mem_args(const std::vector<std::string>& names) {
+    Base::symm_mem_args(names);
+    return *this;
+  }
+  TypedOpBuilderApi& arg_tag(const std::string& tag, const std::vector<std::string>& names) {
+    Base::arg_tag(tag, names);
+    return *this;
+  }
+  template <class G>
+  TypedOpBuilderApi& autograd() {
+    Base::template autograd<G, Sig>();
+    return *this;
+  }
+};
+
+template <class Mode, class Backend>
+class LibraryApi {
+ public:
+  LibraryApi(LibraryPlan& plan, Backend& backend) : plan_(plan), backend_(backend) {}
+
+  // Defines an op from a schema in torch's grammar (`Tensor!`, `Tensor(a!)`,
+  // defaults, ...) that may also name this library's structs and enums,
+  // Literal[...] and Handle(T). torch registers the flat schema.
+  OpBuilderApi<Mode, Backend> def(const std::string& schema) {
+    return OpBuilderApi<Mode, Backend>(*this, plan_.AddOp(schema));
+  }
+
+  // Defines an op and its kernel for every backend. Unlike TORCH_LIBRARY's
+  // def(schema, fn) (a CompositeImplicitAutograd kernel), the kernel is
+  // CompositeExplicitAutograd: fake tensors reach it only when the op has no
+  // fake kernel (m.fake), and gradients come from the op's backward, never
+  // from tracing through a kernel that reads data pointers
+  // (docs/cpp_ops.md#what-mdef-with-a-kernel-means).
+  template <class R, class... Args>
+  TypedOpBuilderApi<Mode, Backend, R(Args...)> def(const std::string& schema, R (*fn)(Args...)) {
+    OpBuilderApi<Mode, Backend> builder = def(schema);
+    AddKernel(builder.name(), "CompositeExplicitAutograd", fn);
+    return TypedOpBuilderApi<Mode, Backend, R(Args...)>(std::move(builder));
+  }
+
+  // A kernel for this OPFORGE_LIBRARY_IMPL block's key; in an OPFORGE_LIBRARY
+  // block, for every backend (as def(schema, fn)).
+  template <class R, class... Args>
+  LibraryApi& impl(const std::string& name, R (*fn)(Args...)) {
+    AddKernel(name, plan_.impl_key().empty() ? "CompositeExplicitAutograd" : plan_.impl_key(), fn);
+    return *this;
+  }
+
+  // A kernel for one device type or dispatch key: c10::kCUDA,
+  // c10::DispatchKey::Meta, c10::DispatchKey::CompositeImplicitAutograd, ...
+  template <class Key, class R, class... Args>
+  LibraryApi& impl(const std::string& name, Key key, R (*fn)(Args...)) {
+    AddKernel(name, Mode::Key(key), fn);
+    return *this;
+  }
+
+  // The shape function torch.compile, opcheck and fake tensors use (a Meta
+  // kernel); it takes the kernel's own (struct) parameters.
+  template <class R, class... Args>
+  LibraryApi& fake(const std::string& name, R (*fn)(Args...)) {
+    AddKernel(name, "Meta", fn);
+    return *this;
+  }
+
+  // Declares structs and enums that a schema of this block names but no
+  // kernel of the block takes (kernels declare their own).
+  template <class... T>
+  LibraryApi& types() {
+    TypesOf<T...>::Declare(plan_.types());
+    return *this;
+  }
+
+  const std::string& ns() const { return plan_.ns(); }
+  Backend& backend() { return backend_; }
+  LibraryPlan& plan() { return plan_; }
+
+  template <class G, class Sig>
+  void SetAutograd(const std::string& op) {
+    plan_.SetAutograd(op, Mode::template Autograd<G, Sig>());
+  }
+
+ private:
+  template <class R, class... Args>
+  void AddKernel(const std::string& name, const std::string& key, R (*fn)(Args...)) {
+    DeclareKernelTypes<R, Args...>(plan_.types());
+    if (plan_.HasKernel(name, key)) {
+      plan_.Fail(ns() + "::" + name + ": a " + key + " kernel is given twice. Give one kernel per op and key.");
+      return;
+    }
+    plan_.AddKernel(name, key, Mode::MakeKernel(backend_, fn));
+  }
+
+  LibraryPlan& plan_;
+  Backend& backend_;
+};
+
+}  // namespace opforge::detail

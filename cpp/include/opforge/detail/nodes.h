@@ -1,0 +1,559 @@
+// The parameter tree of a C++ kernel, written once for both torch ABIs: how
+// many flat leaves each parameter has, its schema type text, the struct and
+// enum declarations it needs, and how a struct is rebuilt from its leaves.
+// Torch-free; each ABI's header says what its tensor types are and how one
+// leaf is read (unboxed argument or stable-ABI stack slot).
+//
+//   struct Lin { at::Tensor w; std::optional<at::Tensor> b; double scale = 1.0; };
+//   Node<Lin>::kCount    == 3
+//   Node<Lin>::Schema()  == "Lin"       (declared with fields "w: Tensor", "b: Tensor?", "scale: float = 1.")
+//   Node<std::optional<Lin>>::kCount == 4   (a bool presence leaf first)
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "opforge/abi.h"
+#include "opforge/detail/typelist.h"
+#include "opforge/reflect.h"
+
+namespace opforge {
+
+template <class T>
+class Handle;
+
+namespace detail {
+
+template <class T>
+struct IsOptional : std::false_type {};
+template <class T>
+struct IsOptional<std::optional<T>> : std::true_type {};
+
+template <class T>
+struct IsOptionalStruct : std::false_type {};
+template <class T>
+struct IsOptionalStruct<std::optional<T>> : std::bool_constant<kIsStruct<T>> {};
+
+template <class T>
+struct IsHandle : std::false_type {};
+template <class T>
+struct IsHandle<Handle<T>> : std::true_type {};
+
+// The schema name of a struct or enum as its macro gave it.
+template <class S>
+const char* StructName() {
+  return opforge_struct_name(static_cast<S*>(nullptr));
+}
+template <class E>
+const char* EnumName() {
+  return opforge_enum_name(static_cast<E*>(nullptr));
+}
+
+// "liba::NormCfg" -> "liba.NormCfg".
+inline std::string DottedName(const char* cpp_name) {
+  std::string name(cpp_name);
+  if (name.rfind("::", 0) == 0) name = name.substr(2);
+  std::string out;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (name.compare(i, 2, "::") == 0) {
+      out += '.';
+      ++i;
+    } else {
+      out += name[i];
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Leaf types and their schema text. Each ABI header adds its tensor types and
+// torch's enums (ScalarType, Device, ...); an unlisted type stops the build
+// here, and the compiler's note names it.
+
+#define OPFORGE_UNSUPPORTED_TYPE_                                                                     \
+  "opforge: this C++ type has no torch schema equivalent (the compiler names it in the 'In "        \
+  "instantiation of' line above). Kernel parameters and struct fields may be: a tensor (const "     \
+  "Tensor&, Tensor&, std::optional<Tensor>, std::vector<Tensor>), int64_t, int32_t, double, float, " \
+  "bool, std::string, c10::ScalarType, c10::Device, c10::Layout, c10::MemoryFormat, "                \
+  "std::vector<int64_t>, std::vector<double>, std::optional of these, an OPFORGE_STRUCT or "          \
+  "OPFORGE_ENUM type, or opforge::Handle<T>."
+
+template <class T, class = void>
+struct LeafSchema {
+  static_assert(kAlwaysFalse<T>, OPFORGE_UNSUPPORTED_TYPE_);
+};
+
+template <const char* kName>
+struct NamedLeaf {
+  static std::string Schema() { return kName; }
+};
+inline constexpr char kIntSchema[] = "int";
+inline constexpr char kFloatSchema[] = "float";
+inline constexpr char kBoolSchema[] = "bool";
+inline constexpr char kStrSchema[] = "str";
+inline constexpr char kIntListSchema[] = "int[]";
+inline constexpr char kFloatListSchema[] = "float[]";
+
+template <>
+struct LeafSchema<int64_t> : NamedLeaf<kIntSchema> {};
+template <>
+struct LeafSchema<int32_t> : NamedLeaf<kIntSchema> {};
+template <>
+struct LeafSchema<double> : NamedLeaf<kFloatSchema> {};
+template <>
+struct LeafSchema<float> : NamedLeaf<kFloatSchema> {};
+template <>
+struct LeafSchema<bool> : NamedLeaf<kBoolSchema> {};
+template <>
+struct LeafSchema<std::string> : NamedLeaf<kStrSchema> {};
+template <>
+struct LeafSchema<std::vector<int64_t>> : NamedLeaf<kIntListSchema> {};
+template <>
+struct LeafSchema<std::vector<double>> : NamedLeaf<kFloatListSchema> {};
+
+template <class E>
+struct LeafSchema<E, std::enable_if_t<kIsEnum<E>>> {
+  static std::string Schema() { return EnumName<E>(); }
+};
+
+template <class T>
+struct LeafSchema<Handle<T>> {
+  static std::string Schema();  // opforge/handle.h
+};
+
+template <class T>
+struct LeafSchema<std::optional<T>, std::enable_if_t<!kIsStruct<T>>> {
+  static std::string Schema() { return LeafSchema<T>::Schema() + "?"; }
+};
+
+// ---------------------------------------------------------------------------
+// Defaults: C++ default member initializers become schema defaults. A
+// default-constructible struct is default-initialized (`new (p) S`, no
+// braces) into two buffers filled with different bytes: a scalar field whose
+// bytes agree was written by an initializer (or the default constructor); one
+// whose bytes differ has no default. Fields of class type are always
+// initialized, so their value is their default (docs/cpp_ops.md#defaults).
+
+class DefaultProbe {
+ public:
+  template <class S>
+  static DefaultProbe Of() {
+    return DefaultProbe(sizeof(S), alignof(S), [](void* p) { ::new (p) S; },
+                        [](void* p) { static_cast<S*>(p)->~S(); });
+  }
+  DefaultProbe(const DefaultProbe&) = delete;
+  DefaultProbe& operator=(const DefaultProbe&) = delete;
+  DefaultProbe(DefaultProbe&& o) noexcept
+      : size_(o.size_), align_(o.align_), destroy_(o.destroy_), a_(o.a_), b_(o.b_), ok_(o.ok_) {
+    o.a_ = o.b_ = nullptr;
+    o.ok_ = false;
+  }
+  ~DefaultProbe() {
+    if (ok_) {
+      destroy_(a_);
+      destroy_(b_);
+    }
+    if (a_) ::operator delete(a_, std::align_val_t(align_));
+    if (b_) ::operator delete(b_, std::align_val_t(align_));
+  }
+
+  // False when the default constructor threw: the struct gets no defaults.
+  bool ok() const { return ok_; }
+  const void* object() const { return a_; }
+  // True when bytes [offset, offset + size) are the same in both objects.
+  bool Written(size_t offset, size_t size) const {
+    return offset + size <= size_ &&
+           std::memcmp(static_cast<const char*>(a_) + offset, static_cast<const char*>(b_) + offset, size) == 0;
+  }
+
+ private:
+  // Keeps the compiler from treating `p`'s bytes as dead or unknown across
+  // this point: the fill before construction and the reads after stay real.
+  static void Opaque(void* p) { asm volatile("" : : "r"(p) : "memory"); }
+
+  DefaultProbe(size_t size, size_t align, void (*construct)(void*), void (*destroy)(void*))
+      : size_(size),
+        align_(align),
+        destroy_(destroy),
+        a_(::operator new(size, std::align_val_t(align))),
+        b_(::operator new(size, std::align_val_t(align))) {
+    std::memset(a_, 0x00, size);
+    std::memset(b_, 0xff, size);
+    Opaque(a_);
+    Opaque(b_);
+    try {
+      construct(a_);
+    } catch (...) {
+      return;
+    }
+    try {
+      construct(b_);
+    } catch (...) {
+      destroy_(a_);
+      return;
+    }
+    Opaque(a_);
+    Opaque(b_);
+    ok_ = true;
+  }
+
+  size_t size_;
+  size_t align_;
+  void (*destroy_)(void*);
+  void* a_;
+  void* b_;
+  bool ok_ = false;
+};
+
+inline std::string DoubleText(double v) {
+  if (v != v) return "nan";
+  if (v == 1.0 / 0.0) return "inf";
+  if (v == -1.0 / 0.0) return "-inf";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string text(buf);
+  if (text.find_first_of(".e") == std::string::npos) text += ".";
+  return text;
+}
+
+inline std::string QuotedText(const std::string& v) {
+  std::string out = "\"";
+  for (unsigned char c : v) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\%03o", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+// A field value as schema default text; nullopt where the schema has no form
+// for it (a tensor, a struct, a handle, a device).
+template <class M, class = void>
+struct DefaultText {
+  static std::optional<std::string> Of(const M&) { return std::nullopt; }
+};
+template <>
+struct DefaultText<bool> {
+  static std::optional<std::string> Of(bool v) { return v ? "True" : "False"; }
+};
+template <class I>
+struct DefaultText<I, std::enable_if_t<std::is_same_v<I, int64_t> || std::is_same_v<I, int32_t>>> {
+  static std::optional<std::string> Of(I v) { return std::to_string(static_cast<int64_t>(v)); }
+};
+template <class F>
+struct DefaultText<F, std::enable_if_t<std::is_same_v<F, double> || std::is_same_v<F, float>>> {
+  static std::optional<std::string> Of(F v) { return DoubleText(static_cast<double>(v)); }
+};
+// OPFORGE_ENUM types and torch's ScalarType, Layout, MemoryFormat: their value.
+template <class E>
+struct DefaultText<E, std::enable_if_t<std::is_enum_v<E>>> {
+  static std::optional<std::string> Of(E v) { return std::to_string(static_cast<int64_t>(v)); }
+};
+template <>
+struct DefaultText<std::string> {
+  static std::optional<std::string> Of(const std::string& v) { return QuotedText(v); }
+};
+template <class T>
+struct DefaultText<std::vector<T>, std::enable_if_t<std::is_same_v<T, int64_t> || std::is_same_v<T, double>>> {
+  static std::optional<std::string> Of(const std::vector<T>& v) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + *DefaultText<T>::Of(v[i]);
+    return out + "]";
+  }
+};
+template <class T>
+struct DefaultText<std::optional<T>> {
+  static std::optional<std::string> Of(const std::optional<T>& v) {
+    if (!v) return "None";
+    return DefaultText<T>::Of(*v);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Declarations: the structs and enums a library's kernels use, in an order
+// where nested types come first, as the C surface wants them.
+
+class TypeDecls {
+ public:
+  // Adds a struct or enum once (by its C++ type's identity).
+  template <class T, class Fill>
+  void Add(Fill fill) {
+    const void* key = &Key<T>;
+    for (const auto& d : decls_) {
+      if (d.key == key) return;
+    }
+    Decl d;
+    d.key = key;
+    fill(d);
+    decls_.push_back(std::move(d));
+  }
+
+  // The declarations as the C surface takes them; valid while `this` lives
+  // and is not changed.
+  const std::vector<OpforgeTypeV1>& View() {
+    view_.clear();
+    fields_.clear();
+    members_.clear();
+    fields_.reserve(decls_.size());
+    members_.reserve(decls_.size());
+    for (const auto& d : decls_) {
+      fields_.emplace_back();
+      for (const auto& f : d.fields) {
+        fields_.back().push_back({f.name.c_str(), f.type.c_str(), f.default_value ? f.default_value->c_str() : nullptr});
+      }
+      members_.emplace_back();
+      for (const auto& m : d.members) members_.back().push_back(m.c_str());
+      OpforgeTypeV1 t{};
+      t.kind = d.kind;
+      t.name = d.name.c_str();
+      t.cpp_name = d.cpp_name.c_str();
+      t.fields = fields_.back().data();
+      t.num_fields = fields_.back().size();
+      t.members = members_.back().data();
+      t.values = d.values.data();
+      t.num_members = d.values.size();
+      view_.push_back(t);
+    }
+    return view_;
+  }
+
+  struct Field {
+    std::string name;
+    std::string type;
+    std::optional<std::string> default_value;
+  };
+  struct Decl {
+    const void* key = nullptr;
+    int32_t kind = kOpforgeStruct;
+    std::string name;
+    std::string cpp_name;
+    std::vector<Field> fields;
+    std::vector<std::string> members;
+    std::vector<int64_t> values;
+  };
+
+ private:
+  template <class T>
+  static inline char Key = 0;
+
+  std::vector<Decl> decls_;
+  std::vector<OpforgeTypeV1> view_;
+  std::vector<std::vector<OpforgeFieldV1>> fields_;
+  std::vector<std::vector<const char*>> members_;
+};
+
+// The C++ name of T for messages; each ABI header provides it through RTTI.
+template <class T>
+std::string CppName();
+
+// ---------------------------------------------------------------------------
+// Nodes: a leaf, a struct or an optional struct, following the core's
+// lowering rules (docs/python_ops.md): a struct's leaves are its fields'
+// leaves in order; an optional struct has a bool presence leaf first.
+
+template <class T, class = void>
+struct Node;
+
+template <class T>
+struct LeafNode {
+  static constexpr size_t kCount = 1;
+  static std::string Schema() { return LeafSchema<T>::Schema(); }
+  static void Declare(TypeDecls& decls) {
+    if constexpr (kIsEnum<T>) {
+      DeclareEnum<T>(decls);
+    } else if constexpr (IsOptional<T>::value) {
+      if constexpr (kIsEnum<typename T::value_type>) DeclareEnum<typename T::value_type>(decls);
+    }
+  }
+  template <size_t I, class Reader>
+  static decltype(auto) Build(Reader& r) {
+    return r.template Leaf<T, I>();
+  }
+  template <size_t I, class Reader>
+  static decltype(auto) BuildInOptional(Reader& r) {
+    return r.template LeafInOptional<T, I>();
+  }
+
+  template <class E>
+  static void DeclareEnum(TypeDecls& decls) {
+    decls.Add<E>([](TypeDecls::Decl& d) {
+      d.kind = kOpforgeEnum;
+      d.name = EnumName<E>();
+      d.cpp_name = CppName<E>();
+      for (const auto& [member, value] : opforge_reflect_enum(static_cast<E*>(nullptr))) {
+        d.members.emplace_back(member);
+        d.values.push_back(static_cast<int64_t>(value));
+      }
+    });
+  }
+};
+
+template <class S>
+struct StructNode {
+  static constexpr size_t kFields = kNumFields<S>;
+
+  template <size_t... J>
+  static constexpr size_t CountOf(std::index_sequence<J...>) {
+    return (size_t{0} + ... + Node<FieldType<S, J>>::kCount);
+  }
+  static constexpr size_t kCount = CountOf(std::make_index_sequence<kFields>{});
+
+  // Field J's first leaf, counted from the struct's first leaf.
+  template <size_t J, size_t... K>
+  static constexpr size_t OffsetImpl(std::index_sequence<K...>) {
+    return LeafOffset<J, Node<FieldType<S, K>>::kCount...>();
+  }
+  template <size_t J>
+  static constexpr size_t kOffset = OffsetImpl<J>(std::make_index_sequence<kFields>{});
+
+  static std::string Schema() { return StructName<S>(); }
+
+  static void Declare(TypeDecls& decls) { DeclareFields(decls, std::make_index_sequence<kFields>{}); }
+
+  template <size_t... J>
+  static void DeclareFields(TypeDecls& decls, std::index_sequence<J...>) {
+    (Node<FieldType<S, J>>::Declare(decls), ...);
+    decls.Add<S>([](TypeDecls::Decl& d) {
+      d.kind = kOpforgeStruct;
+      d.name = StructName<S>();
+      d.cpp_name = CppName<S>();
+      std::vector<std::optional<std::string>> defaults(kFields);
+      // A struct that cannot be default-constructed has no defaults: there
+      // is no object whose field values C++ would fill in.
+      if constexpr (std::is_default_constructible_v<S> && std::is_destructible_v<S>) {
+        DefaultProbe probe = DefaultProbe::Of<S>();
+        if (probe.ok()) {
+          const S& s = *static_cast<const S*>(probe.object());
+          ((defaults[J] = FieldDefault<J>(probe, s)), ...);
+        }
+      }
+      (d.fields.push_back({FieldName<S, J>(), Node<FieldType<S, J>>::Schema(), defaults[J]}), ...);
+    });
+  }
+
+  template <size_t J>
+  static std::optional<std::string> FieldDefault(const DefaultProbe& probe, const S& s) {
+    using M = FieldType<S, J>;
+    const M& value = FieldOf<J>(s);
+    if constexpr (std::is_trivially_default_constructible_v<M>) {
+      const size_t offset = static_cast<size_t>(reinterpret_cast<const char*>(&value) -
+                                                reinterpret_cast<const char*>(&s));
+      if (!probe.Written(offset, sizeof(M))) return std::nullopt;
+    }
+    return DefaultText<M>::Of(value);
+  }
+
+  template <size_t I, bool InOptional, class Reader, size_t... J>
+  static S BuildFields(Reader& r, std::index_sequence<J...>) {
+    S s{};
+    if constexpr (InOptional) {
+      ((FieldOf<J>(s) = Node<FieldType<S, J>>::template BuildInOptional<I + kOffset<J>>(r)), ...);
+    } else {
+      ((FieldOf<J>(s) = Node<FieldType<S, J>>::template Build<I + kOffset<J>>(r)), ...);
+    }
+    return s;
+  }
+  template <size_t I, class Reader>
+  static S Build(Reader& r) {
+    return BuildFields<I, false>(r, std::make_index_sequence<kFields>{});
+  }
+  template <size_t I, class Reader>
+  static S BuildInOptional(Reader& r) {
+    return BuildFields<I, true>(r, std::make_index_sequence<kFields>{});
+  }
+};
+
+template <class S>
+struct OptionalStructNode {
+  using Inner = StructNode<S>;
+  static constexpr size_t kCount = 1 + Inner::kCount;
+  static std::string Schema() { return Inner::Schema() + "?"; }
+  static void Declare(TypeDecls& decls) { Inner::Declare(decls); }
+  template <size_t I, class Reader>
+  static std::optional<S> Build(Reader& r) {
+    if (!r.template Presence<I>()) return std::nullopt;
+    return Inner::template BuildInOptional<I + 1>(r);
+  }
+  template <size_t I, class Reader>
+  static std::optional<S> BuildInOptional(Reader& r) {
+    return Build<I>(r);
+  }
+};
+
+template <class T>
+struct Node<T, std::enable_if_t<!kIsStruct<T> && !IsOptionalStruct<T>::value>> : LeafNode<T> {};
+template <class T>
+struct Node<T, std::enable_if_t<kIsStruct<T>>> : StructNode<T> {};
+template <class T>
+struct Node<std::optional<T>, std::enable_if_t<kIsStruct<T>>> : OptionalStructNode<T> {};
+
+// A kernel parameter as written (`const NormCfg&`, `at::Tensor&`) -> its node.
+template <class Arg>
+using ParamNode = Node<std::remove_cv_t<std::remove_reference_t<Arg>>>;
+
+// Parameter K's first flat leaf.
+template <size_t K, class... Args>
+inline constexpr size_t kParamOffset = LeafOffset<K, ParamNode<Args>::kCount...>();
+
+template <class... Args>
+inline constexpr size_t kLeafCount = (size_t{0} + ... + ParamNode<Args>::kCount);
+
+// A struct return: its fields in order.
+template <class R, class = void>
+struct ReturnNode {
+  static void Declare(TypeDecls&) {}
+};
+template <class S>
+struct ReturnNode<S, std::enable_if_t<kIsStruct<S>>> {
+  static void Declare(TypeDecls& decls) { StructNode<S>::Declare(decls); }
+};
+
+// ---------------------------------------------------------------------------
+// Returns: a struct returns as a tuple of its fields.
+
+template <class R, class = void>
+struct Ret {
+  using Flat = R;
+};
+template <class S>
+struct Ret<S, std::enable_if_t<kIsStruct<S>>> {
+  template <size_t... J>
+  static auto TupleOf(std::index_sequence<J...>) -> std::tuple<FieldType<S, J>...>;
+  using Flat = decltype(TupleOf(std::make_index_sequence<kNumFields<S>>{}));
+  static Flat Flatten(S&& s) { return FlattenImpl(std::move(s), std::make_index_sequence<kNumFields<S>>{}); }
+  template <size_t... J>
+  static Flat FlattenImpl(S&& s, std::index_sequence<J...>) {
+    return Flat(std::move(FieldOf<J>(s))...);
+  }
+};
+
+// The types a kernel `R(Args...)` needs declared.
+template <class R, class... Args>
+void DeclareKernelTypes(TypeDecls& decls) {
+  (ParamNode<Args>::Declare(decls), ...);
+  ReturnNode<std::remove_cv_t<std::remove_reference_t<R>>>::Declare(decls);
+}
+
+// Registers the struct and enum types T (and what they contain) with a
+// library block: for schemas that name a type no kernel of the block takes.
+template <class... T>
+struct TypesOf {
+  static void Declare(TypeDecls& decls) { (Node<T>::Declare(decls), ...); }
+};
+
+}  // namespace detail
+}  // namespace opforge

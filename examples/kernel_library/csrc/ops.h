@@ -1,0 +1,52 @@
+// The kernels of this library and their config structs, written the way
+// vLLM's csrc/ops.h declares its ops: in-place kernels take `Tensor& out`.
+// `opforge::Tensor` is at::Tensor, or torch::stable::Tensor in a stable-ABI
+// build (docs/stable_abi.md): the same source builds both ways.
+#pragma once
+
+#include <opforge/opforge.h>
+
+#include <tuple>
+
+namespace kernels {
+
+using opforge::Tensor;
+
+struct NormCfg {
+  double eps = 1e-6;
+  bool gemma = false;  // scale by (1 + weight), as Gemma's RMSNorm does
+};
+OPFORGE_STRUCT(NormCfg, eps, gemma);
+
+enum class Act : int64_t { kSilu = 0, kGelu = 1 };
+OPFORGE_ENUM(Act, kSilu, kGelu);
+
+struct ActCfg {
+  Act act = Act::kSilu;
+  double limit = 0.0;  // > 0: clamp the gate's input to [-limit, limit]
+};
+OPFORGE_STRUCT(ActCfg, act, limit);
+
+// out = x / sqrt(mean(x^2) + eps) * w   (over the last dimension)
+void rms_norm_cpu(Tensor& out, const Tensor& input, const Tensor& weight, const NormCfg& cfg);
+// residual += input; input = rms_norm(residual)
+void fused_add_rms_norm_cpu(Tensor& input, Tensor& residual, const Tensor& weight, const NormCfg& cfg);
+// The gradients of rms_norm: (d input, d weight).
+std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad, const Tensor& input, const Tensor& weight,
+                                                 const NormCfg& cfg);
+// out = act(input[..., :d]) * input[..., d:]
+void act_and_mul_cpu(Tensor& out, const Tensor& input, const ActCfg& cfg);
+
+#ifdef OPFORGE_WITH_CUDA
+void rms_norm_cuda(Tensor& out, const Tensor& input, const Tensor& weight, const NormCfg& cfg);
+void fused_add_rms_norm_cuda(Tensor& input, Tensor& residual, const Tensor& weight, const NormCfg& cfg);
+std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad, const Tensor& input, const Tensor& weight,
+                                                  const NormCfg& cfg);
+void act_and_mul_cuda(Tensor& out, const Tensor& input, const ActCfg& cfg);
+#endif
+
+// The functional norm: a new output, and a C++ backward (torch_bindings.cc).
+Tensor rms_norm_fn(const Tensor& input, const Tensor& weight, const NormCfg& cfg);
+Tensor rms_norm_fn_meta(const Tensor& input, const Tensor& weight, const NormCfg& cfg);
+
+}  // namespace kernels

@@ -1,0 +1,330 @@
+"""C++ kernel libraries as the field writes them (docs/cpp_ops.md): vLLM-style
+registrations, two libraries in one process, load errors, the first call
+under torch.compile, and symmetric-memory tags, through the example
+libraries in examples/ and tests/cpp_ext."""
+
+import math
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import opforge
+from cpp_ext import ROOT, build, load
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    opforge.load_library(os.path.join(build("examples/kernel_library", "kernel_library"), "libopforge_kernels.so"))
+    return opforge.ops.kernels
+
+
+@pytest.fixture(scope="module")
+def kernels_b():
+    opforge.load_library(os.path.join(build("examples/kernel_library_b", "kernel_library_b"),
+                                      "libopforge_kernels_b.so"))
+    return opforge.ops.sgl_kernels
+
+
+@pytest.fixture(scope="module")
+def ext():
+    return load()
+
+
+def rms_norm_ref(x, w, eps, gemma=False):
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * ((1 + w.float()) if gemma else w.float())
+    return y.to(x.dtype)
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests", "python"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+# --- 1, 2, 8: Tensor! schemas, Tensor& kernels, def then impl -------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tensor_bang_op_with_a_tensor_ref_kernel_writes_its_output(kernels, dtype):
+    NormCfg = opforge.structs.kernels.NormCfg
+    assert kernels.rms_norm.schema == ("kernels::rms_norm(Tensor(_0!) out, Tensor input, Tensor weight, "
+                                       "float cfg__eps=9.9999999999999995e-07, bool cfg__gemma=False) -> ()")
+    x = torch.randn(3, 16, dtype=dtype)
+    w = torch.randn(16, dtype=dtype)
+    for cfg in (NormCfg(), NormCfg(eps=0.5, gemma=True)):
+        out = torch.empty_like(x)
+        assert kernels.rms_norm(out, x, w, cfg) is None
+        torch.testing.assert_close(out, rms_norm_ref(x, w, cfg.eps, cfg.gemma))
+    out = torch.empty_like(x)
+    torch.ops.kernels.rms_norm(out, x, w, 1e-6, False)  # the flat op, struct defaults as leaf defaults
+    torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-6))
+
+
+def test_an_op_writing_two_arguments_writes_both(kernels):
+    NormCfg = opforge.structs.kernels.NormCfg
+    x, res, w = torch.randn(2, 8), torch.randn(2, 8), torch.randn(8)
+    x0, res0 = x.clone(), res.clone()
+    versions = (x._version, res._version)
+    kernels.fused_add_rms_norm(x, res, w, NormCfg(eps=1e-5))
+    torch.testing.assert_close(res, res0 + x0)
+    torch.testing.assert_close(x, rms_norm_ref(res0 + x0, w, 1e-5))
+    # Written arguments get their versions bumped, as torch's own in-place ops.
+    assert (x._version, res._version) == (versions[0] + 1, versions[1] + 1)
+
+
+@pytest.mark.parametrize("act", ["kSilu", "kGelu"])
+def test_an_enum_field_picks_the_activation(kernels, act):
+    s = opforge.structs.kernels
+    x = torch.randn(4, 2 * 8)
+    out = torch.empty(4, 8)
+    kernels.act_and_mul(out, x, s.ActCfg(act=getattr(s.Act, act), limit=2.0))
+    a = x[:, :8].clamp(-2, 2)
+    ref = (torch.nn.functional.silu(a) if act == "kSilu" else torch.nn.functional.gelu(a)) * x[:, 8:]
+    torch.testing.assert_close(out, ref)
+
+
+def test_every_alias_form_torch_registers_lowers_to_a_schema_torch_can_define():
+    def canonical(text):
+        names = {}
+
+        def rename(match):
+            return names.setdefault(match.group(0), f"s{len(names)}")
+
+        # Alias set names, as written or as `Tensor!`'s `$0` / opforge's `_0`.
+        return re.sub(r"(?<=[(|])[$\w]+(?=[!|)]| ->)|(?<=-> )[$\w*]+", rename, text)
+
+    import torch.distributed.tensor  # noqa: F401  (registers more ops)
+
+    checked = 0
+    for schema in torch._C._jit_get_all_schemas():
+        printed = str(schema)
+        if "(" not in printed.split("->")[0][printed.index("("):] and "!" not in printed:
+            continue
+        if not any(arg.alias_info for arg in (*schema.arguments, *schema.returns)):
+            continue
+        try:
+            definable = opforge._C.print_definable(printed)
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"{printed}: {e}")
+        parsed = torch._C.parse_schema(definable)
+        assert canonical(str(parsed)) == canonical(printed), (printed, definable)
+        for a, b in zip((*parsed.arguments, *parsed.returns), (*schema.arguments, *schema.returns)):
+            assert (a.alias_info is None) == (b.alias_info is None)
+            if a.alias_info is not None:
+                assert a.alias_info.is_write == b.alias_info.is_write, printed
+        checked += 1
+    assert checked > 500
+    # The shorthand of every in-place op of vLLM and sgl-kernel.
+    assert opforge._C.print_definable("k::f(Tensor! out, Tensor x) -> ()") == "k::f(Tensor(_0!) out, Tensor x) -> ()"
+    assert torch._C.parse_schema(opforge._C.print_definable("k::f(Tensor! a, Tensor(_0!) b, Tensor! c) -> ()"))
+
+
+# --- 3: two libraries, one struct name ------------------------------------------
+
+def test_two_libraries_each_with_a_norm_cfg_load_in_one_process(kernels, kernels_b):
+    a, b = opforge.structs.kernels.NormCfg, opforge.structs.sgl_kernels.NormCfg
+    assert a is not b
+    assert [f.name for f in __import__("dataclasses").fields(a)] == ["eps", "gemma"]
+    assert [f.name for f in __import__("dataclasses").fields(b)] == ["groups", "eps", "scale"]
+    assert kernels.rms_norm.spec == ("kernels::rms_norm(Tensor(_0!) out, Tensor input, Tensor weight, "
+                                     "kernels.NormCfg cfg) -> ()")
+    x = torch.randn(2, 8)
+    out = torch.empty_like(x)
+    kernels_b.group_rms_norm(out, x, b(groups=2, scale=3.0))
+    ref = torch.cat([3 * rms_norm_ref(h, torch.ones(4), 1e-5) for h in x.chunk(2, -1)], -1)
+    torch.testing.assert_close(out, ref)
+    with pytest.raises(TypeError, match=r"sgl_kernels::group_rms_norm: parameter 'cfg'"):
+        kernels_b.group_rms_norm(out, x, a())  # the other library's NormCfg: no field 'groups'
+
+
+# --- 4: m.def(schema, &fn) with m.fake --------------------------------------------
+
+def test_fake_tensors_never_reach_a_kernel_that_has_a_fake(ext):
+    x = torch.arange(6.0).reshape(2, 3)
+    torch.testing.assert_close(ext.sum_rows(x), x.sum(1))
+    with FakeTensorMode():
+        fake = ext.sum_rows(torch.empty(5, 3))  # the kernel would read a data pointer
+    assert fake.shape == (5,)
+    compiled = torch.compile(lambda t: ext.sum_rows(t) * 2, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), 2 * x.sum(1))
+    opforge.opcheck(ext.sum_rows, (x,))
+
+
+def test_a_functional_op_with_a_cpp_backward_passes_opcheck_and_gradcheck(kernels):
+    NormCfg = opforge.structs.kernels.NormCfg
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    for cfg in (NormCfg(eps=1e-5), NormCfg(eps=0.1, gemma=True)):
+        torch.autograd.gradcheck(lambda x, w: kernels.rms_norm_fn(x, w, cfg), (x, w))
+    opforge.opcheck(kernels.rms_norm_fn, (x, w, NormCfg()))
+    out = torch.empty(3, 8, dtype=torch.float64)
+    opforge.opcheck(kernels.rms_norm, (out, x.detach(), w.detach(), NormCfg()))
+
+
+def test_a_cpp_backward_compiles_forward_and_backward(kernels):
+    NormCfg = opforge.structs.kernels.NormCfg
+
+    def f(x, w):
+        return (kernels.rms_norm_fn(x, w, NormCfg(eps=1e-5)) ** 2).sum()
+
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    gx, gw = torch.autograd.grad(f(x, w), (x, w))
+    torch._dynamo.reset()
+    cx, cw = torch.autograd.grad(torch.compile(f, fullgraph=True)(x, w), (x, w))
+    torch.testing.assert_close((cx, cw), (gx, gw))
+
+
+# --- 5: the first call of a C++ op inside a compiled region ------------------------
+
+def test_the_first_call_of_a_cpp_op_may_be_inside_torch_compile(kernels):
+    library = os.path.join(build("examples/kernel_library", "kernel_library"), "libopforge_kernels.so")
+    result = run_python(f"""
+        import torch, opforge
+        torch.ops.load_library({library!r})   # not opforge.load_library: nothing made yet
+
+        @torch.compile(fullgraph=True)
+        def step(x, w):
+            return opforge.ops.kernels.rms_norm_fn(x, w, opforge.structs.kernels.NormCfg(eps=0.5)) + 1
+
+        x, w = torch.ones(2, 4), torch.full((4,), 2.0)
+        print(step(x, w).tolist())
+    """)
+    assert result.returncode == 0, result.stderr
+    expected = (torch.ones(2, 4) / (1 + 0.5) ** 0.5 * 2 + 1).tolist()
+    assert result.stdout.strip() == str(expected)
+
+
+# --- 6: an op without a backward -------------------------------------------------
+
+def test_a_cpp_op_without_a_backward_raises_when_a_gradient_is_requested(kernels, ext):
+    NormCfg = opforge.structs.kernels.NormCfg
+    x = torch.randn(2, 8, requires_grad=True)
+    out = torch.empty(2, 8)
+    kernels.rms_norm(out, x, torch.ones(8), NormCfg())
+    with pytest.raises(RuntimeError, match=r"kernels::rms_norm: a gradient was requested through this op, but it "
+                                           r"has no backward\. Declare one in C\+\+ .* or from Python "
+                                           r"\(opforge\.ops\.kernels\.rms_norm\.register_autograd"):
+        out.sum().backward()
+    y = ext.sum_rows(x.detach().requires_grad_())
+    with pytest.raises(RuntimeError, match=r"opforge_ext::sum_rows: a gradient was requested"):
+        y.sum().backward()
+    # Without grad the op pays nothing for it.
+    assert not ext.sum_rows(torch.ones(2, 2)).requires_grad
+
+
+# --- a block that cannot be registered ---------------------------------------------
+
+def test_a_library_block_that_cannot_be_registered_raises_and_leaves_nothing():
+    library = os.path.join(build("tests/cpp_ext", "cpp_ext"), "libopforge_test_bad.so")
+    result = run_python(f"""
+        import torch, opforge
+        try:
+            opforge.load_library({library!r})
+        except RuntimeError as e:
+            print("raised:", e)
+        print("ok block:", torch.ops.opforge_bad_ok.good(torch.ones(1)).item())
+        print("failed block registered:", hasattr(torch.ops.opforge_bad, "write"))
+        try:
+            opforge.ops.opforge_bad.write
+        except AttributeError as e:
+            print("access:", e)
+    """)
+    assert result.returncode == 0, result.stderr  # never an abort
+    out = result.stdout
+    assert re.search(r"raised: libopforge_test_bad\.so: OPFORGE_LIBRARY\(opforge_bad\) at .*bad_library\.cc:\d+: "
+                     r"opforge_bad::broken: its schema names type 'NoSuchCfg', which this library block does not "
+                     r"declare\. Declare it with OPFORGE_STRUCT \(or OPFORGE_ENUM\) and take it in a kernel of this "
+                     r"block, or list it with m\.types<NoSuchCfg>\(\) \(this block declares: nothing\)\. Nothing of "
+                     r"this block was registered\.", out), out
+    assert "ok block: 1.0" in out
+    assert "failed block registered: False" in out
+    assert "access: opforge.ops: opforge_bad::write is not registered because its library failed to load" in out
+
+
+# --- 11: symmetric-memory tags, whatever was imported first -------------------------
+
+@pytest.mark.skipif(not hasattr(torch.library.Library, "register_symm_mem_args"),
+                    reason="torch's own symm-mem registry exists from torch 2.13")
+def test_cpp_symm_mem_args_reach_torchs_registry_when_inductor_was_imported_first():
+    library = os.path.join(build("tests/cpp_ext", "cpp_ext"), "libopforge_test_ext.so")
+    result = run_python(f"""
+        import torch, torch._inductor.lowering   # a serving engine imports Inductor early
+        import opforge
+        from torch._library.simple_registry import singleton
+        torch.ops.load_library({library!r})
+        compiled = torch.compile(lambda x: x + 1, backend="eager")
+        compiled(torch.ones(1))                  # any compile: opforge syncs first
+        print(sorted(singleton.find("opforge_ext::all_reduce").symm_mem_args.get() or []))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['x']"
+
+
+# --- the wheel's load-time check -------------------------------------------------
+
+def test_a_library_built_against_another_opforge_is_a_one_sentence_error():
+    torch_version = torch.__version__
+    with pytest.raises(ImportError) as e:
+        opforge.check_library("kernels", opforge_version="9.9.0", abi_version=1, torch_version=torch_version,
+                              stable=False)
+    assert str(e.value).startswith(f"kernels was built against opforge 9.9.0 but opforge {opforge.__version__} "
+                                   f"is installed; install opforge==9.9.0")
+    assert str(e.value).count(". ") == 0  # one sentence
+    with pytest.raises(ImportError, match=r"kernels was built against torch 2\.1\.0 but torch .* is installed"):
+        opforge.check_library("kernels", opforge_version=opforge.__version__, abi_version=1, torch_version="2.1.0",
+                              stable=False)
+    with pytest.raises(ImportError, match=r"whose C ABI version is 7, but opforge .* serves versions up to 1; "
+                                          r"install opforge>=3\.0"):
+        opforge.check_library("kernels", opforge_version="3.0", abi_version=7, torch_version="2.10", stable=True)
+    # A stable-ABI library loads with any opforge serving its ABI, and a later torch.
+    opforge.check_library("kernels", opforge_version="0.0.9", abi_version=1, torch_version="2.10.0", stable=True,
+                          torch_target_version="2.10")
+
+
+# --- 9: the eager path of C++ ops, against the dispatcher path ---------------------
+
+def test_cpp_ops_fast_path_and_dispatcher_path_agree_on_every_field_and_value(ext):
+    import dataclasses
+
+    from op_testing import fast_path
+    from test_boundary_differential import corpus
+
+    Probe = opforge.structs.opforge_ext.Probe
+    fields = [f.name for f in dataclasses.fields(Probe)]
+    assert fields == ["i", "f", "b", "s", "of", "il", "fl", "dt", "m", "t", "ts"]
+
+    def outcome(fn, *args):
+        try:
+            out = fn(*args)
+        except Exception as e:  # noqa: BLE001 - the comparison is over whatever is raised
+            return (type(e).__name__, str(e))
+        return ("ok", [None if math.isnan(v) else v for v in out.tolist()])
+
+    combinations, accepted, report = 0, 0, []
+    for field in fields:
+        for value in corpus():
+            for op, make in ((ext.probe, lambda p: p), (ext.probe_optional, lambda p: p)):
+                args = (torch.ones(1), make(Probe(**{"ts": [], field: value})))
+                with fast_path(True):
+                    fast = outcome(op, *args)
+                with fast_path(False):
+                    slow = outcome(op, *args)
+                combinations += 1
+                accepted += fast[0] == "ok"
+                if fast != slow:
+                    report.append(f"{op.name} / {field} / {value!r}:\n  fast: {fast}\n  dispatcher: {slow}")
+    assert not report, "\n".join(report[:20])
+    assert combinations >= 11 * 30 * 2 and accepted > combinations // 10
+    # Absent optional struct, and the raw value of an enum field, on both paths.
+    for enabled in (True, False):
+        with fast_path(enabled):
+            assert ext.probe_optional(torch.ones(1), None).tolist() == [-1.0] * 11
+            assert ext.probe(torch.zeros(1), Probe(m=opforge.structs.opforge_ext.Mode.kMul, ts=[]))[8].item() == 1
