@@ -135,6 +135,7 @@ class _Block:
 
 
 _PARAM_VAR = re.compile(r"\b__p\d+\b")
+_READABLE: dict[tuple, str] = {}  # (source, parameter names) -> the source with those names
 
 # Compiled module code by source text: ops with the same signature shape
 # compile once.
@@ -256,6 +257,7 @@ class Builder:
         # that ops whose parameters differ only in name share compiled code;
         # each function's own names are put back into its code object.
         self.param_names = {f"__p{i}": p.name for i, p in enumerate(params)}
+        self.any_handles = any(leaf.handle for leaf in leaves)  # the flatten then names where each one sits
         self._vars = {p.name: f"__p{i}" for i, p in enumerate(params)}
 
     def const(self, prefix: str, value: Any) -> str:
@@ -276,7 +278,14 @@ class Builder:
 
     def readable(self, source: str) -> str:
         """`source` with the parameters' own names, for tracebacks and `OpCode.source`."""
-        return _PARAM_VAR.sub(lambda m: self.param_names[m.group(0)], source)
+        key = (source, tuple(self.param_names.values()))
+        text = _READABLE.get(key)
+        if text is None:
+            text = _PARAM_VAR.sub(lambda m: self.param_names[m.group(0)], source)
+            if len(_READABLE) >= 4096:
+                _READABLE.clear()
+            _READABLE[key] = text
+        return text
 
     def tmp(self, prefix: str = "t") -> str:
         self._counter += 1
@@ -346,7 +355,9 @@ class Builder:
     def emit_validation(self, w: _Writer):
         """Enum arguments become members (the body gets members), Literal
         values are checked. Runs before the fast path and under Dynamo."""
-        for p in self.params:
+        checked = [p for p in self.params
+                   if any(self.leaves[i].enum is not None or self.leaves[i].allowed for i in _leaf_indices(p.node))]
+        for p in checked:
             var = self.var(p)
             if p.node.is_leaf:
                 leaf = self.leaves[p.node.leaf_index]
@@ -381,7 +392,7 @@ class Builder:
                 var = self.var(p)
                 guard = f"{var} is not None and " if p.node.optional else ""
                 w.line(f"if {guard}({' or '.join(conds)}): {var} = {norm}({var})")
-        for p in self.params:
+        for p in checked:
             for site in self.sites(p):
                 leaf = self.leaves[site.index]
                 if leaf.allowed and leaf.enum is None:
@@ -411,11 +422,12 @@ class Builder:
         """Lines that compute every leaf; returns one expression per leaf."""
         out: dict[int, str] = {}
         for p in self.params:
-            self._flatten_node(w, p.node, self.var(p), p.type, out, Where.parameter(p.name), top=True)
+            where = Where.parameter(p.name) if self.any_handles else None
+            self._flatten_node(w, p.node, self.var(p), p.type, out, where, top=True)
         return [out[i] for i in range(len(self.leaves))]
 
-    def _flatten_node(self, w: _Writer, node: tuple, expr: str, t: TypeInfo, out: dict[int, str], where: Where,
-                      top: bool = False):
+    def _flatten_node(self, w: _Writer, node: tuple, expr: str, t: TypeInfo, out: dict[int, str],
+                      where: Where | None, top: bool = False):
         if node.is_leaf:
             index = node.leaf_index
             leaf = self.leaves[index]
@@ -451,11 +463,11 @@ class Builder:
         for i in _leaf_indices(node):
             out[i] = f"_l{i}"
 
-    def _flatten_children(self, w: _Writer, children, var: str, t: TypeInfo, where: Where):
+    def _flatten_children(self, w: _Writer, children, var: str, t: TypeInfo, where: Where | None):
         for child in children:
             sub: dict[int, str] = {}
             self._flatten_node(w, child, f"{var}.{child.name}", t.fields[child.name], sub,
-                               where.at_field(t.py, child.name))
+                               where.at_field(t.py, child.name) if where is not None else None)
             for i, e in sub.items():
                 if e != f"_l{i}":
                     w.line(f"_l{i} = {e}")

@@ -1023,7 +1023,7 @@ py::tuple Boundary::ConvertCall(py::args args, py::kwargs kwargs) {
 
 py::list Boundary::CacheableLeaves() {
   py::list out;
-  for (const auto& arg : flat_.arguments()) out.append(CacheableLeaf(MakeRule(arg.real_type(), arg.N())));
+  for (const auto& rule : argument_rules_) out.append(CacheableLeaf(rule));
   return out;
 }
 
