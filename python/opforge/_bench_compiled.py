@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
-import statistics
 import sys
 import time
 from typing import Callable
@@ -27,7 +25,7 @@ import torch
 
 import opforge
 
-from ._bench_runners import _no_compile_caches, measure_steps
+from ._bench_runners import _no_compile_caches, measure_steps, run_on_threads
 
 Tensor = torch.Tensor
 _run_ids = itertools.count()
@@ -151,15 +149,4 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     options = argparse.Namespace(layers=args.layers_compiled, dim=args.dim_compiled, batch=args.batch,
                                  backend=args.backend, repeats=args.repeats, min_time=args.min_time)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    try:
-        result = measure(options)
-    finally:
-        torch.set_num_threads(threads)
-    result["threads"] = args.threads
-    print(render(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0
+    return run_on_threads(args, lambda: measure(options), render)

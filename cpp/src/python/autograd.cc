@@ -64,7 +64,7 @@ NodePtr SelfPtr(T* node) {
   }
 }
 
-// torch 2.12 added _wrap_outputs' last parameter (pure_view).
+// Some torch releases lack _wrap_outputs' last parameter (pure_view).
 template <typename F>
 OptionalVariables CallWrapOutputs(F wrap, const variable_list& inputs, const ImplSet& non_differentiable,
                                   const ImplSet& dirty, const OptionalVariables& raw, const NodePtr& node) {
@@ -315,19 +315,21 @@ class OpNode : public torch::autograd::Node {
   // Needs the GIL when ctx_ exists.
   OptionalVariables Finish(const variable_list& inputs, const OptionalVariables& raw);
 
-  // One entry per flat return: how many outputs it gave (lists), set in the forward.
-  c10::SmallVector<int32_t, 4> return_counts;
+  // Per flat return, in the forward: how many outputs it gave (a list's length, else 1).
+  void AddReturnCount(int32_t count) { return_counts_.push_back(count); }
+  int32_t return_count(size_t r) const { return return_counts_[r]; }
 
-  bool materialize_grads = true;
+  void set_materialize_grads(bool value) { materialize_grads_ = value; }
   bool has_freed_buffers() const { return has_freed_buffers_; }
   const std::vector<torch::autograd::SavedVariable>& saved() const { return saved_; }
-  const GradBridge& bridge() const { return *bridge_; }
 
  private:
   variable_list ToEdges(PyObject* const* per_leaf);
 
   std::shared_ptr<GradBridge> bridge_;
   PyObject* ctx_ = nullptr;
+  c10::SmallVector<int32_t, 4> return_counts_;
+  bool materialize_grads_ = true;
   std::vector<torch::autograd::SavedVariable> saved_;
   std::vector<torch::autograd::VariableInfo> output_info_;
   c10::SmallVector<int32_t, 8> counts_;  // per tensor leaf: its entries (list length, 1 otherwise)
@@ -473,13 +475,13 @@ variable_list OpNode::apply(variable_list&& grads) {
   auto grad_of = [&](size_t e) -> PyObject* {
     const Variable& g = grads[e];
     if (g.defined()) return THPVariable_Wrap(g);
-    if (materialize_grads && e < output_info_.size() && !output_info_[e].is_empty) {
+    if (materialize_grads_ && e < output_info_.size() && !output_info_[e].is_empty) {
       return THPVariable_Wrap(output_info_[e].zeros(device_guard));
     }
     return Py_NewRef(Py_None);
   };
   for (size_t r = 0; r < kinds.size(); ++r) {
-    const int32_t count = return_counts[r];
+    const int32_t count = return_counts_[r];
     PyObject* value;
     if (kinds[r] == GradBridge::ReturnKind::kTensorList) {
       value = PyList_New(count);
@@ -674,7 +676,7 @@ PyObject* CtxSetMaterializeGrads(PyObject* self, PyObject* value) {
     PyErr_Format(PyExc_TypeError, "set_materialize_grads takes a bool, got %s", Py_TYPE(value)->tp_name);
     return nullptr;
   }
-  if (ctx->node != nullptr) ctx->node->materialize_grads = value == Py_True;
+  if (ctx->node != nullptr) ctx->node->set_materialize_grads(value == Py_True);
   Py_RETURN_NONE;
 }
 
@@ -836,7 +838,7 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
       PyObject* value = flat[r];
       if (kinds[r] == GradBridge::ReturnKind::kTensorList && value != Py_None) {
         const Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
-        node->return_counts.push_back(static_cast<int32_t>(n));
+        node->AddReturnCount(static_cast<int32_t>(n));
         for (Py_ssize_t i = 0; i < n; ++i) {
           PyObject* item = PySequence_Fast_ITEMS(value)[i];
           const bool tensor = THPVariable_Check(item);
@@ -845,7 +847,7 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
         }
         continue;
       }
-      node->return_counts.push_back(1);
+      node->AddReturnCount(1);
       const bool tensor = kinds[r] == GradBridge::ReturnKind::kTensor && THPVariable_Check(value);
       raw.emplace_back(tensor ? std::optional<Variable>(THPVariable_Unpack(value)) : std::nullopt);
       raw_objects.push_back(tensor ? value : nullptr);
@@ -873,7 +875,7 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
     size_t e = 0;
     for (size_t r = 0; r < kinds.size(); ++r) {
       PyObject* value = flat[r];
-      const int32_t count = node->return_counts[r];
+      const int32_t count = node->return_count(r);
       if (kinds[r] == GradBridge::ReturnKind::kTensorList && value != Py_None) {
         PyObject* list = PyList_New(count);
         if (list == nullptr) return nullptr;
@@ -951,7 +953,6 @@ class AutogradKernel : public c10::OperatorKernel {
   void Record(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack, size_t base) {
     GradBridge& b = *bridge_;
     auto node = MakeNode<OpNode>(bridge_);
-    const size_t nargs = stack->size() - base;
     variable_list inputs = node->CollectInputs([&](size_t s, auto&& add) {
       const auto& leaf = b.leaves()[s];
       ForEachTensorIn((*stack)[base + leaf.flat_index], leaf.is_list, add);
@@ -977,13 +978,13 @@ class AutogradKernel : public c10::OperatorKernel {
       const c10::IValue& v = (*stack)[out_base + r];
       if (b.returns()[r] == GradBridge::ReturnKind::kTensorList && v.isList()) {
         const auto& items = v.toListRef();
-        node->return_counts.push_back(static_cast<int32_t>(items.size()));
+        node->AddReturnCount(static_cast<int32_t>(items.size()));
         for (const c10::IValue& item : items) {
           raw.emplace_back(item.isTensor() ? std::optional<Variable>(item.toTensor()) : std::nullopt);
         }
         continue;
       }
-      node->return_counts.push_back(1);
+      node->AddReturnCount(1);
       raw.emplace_back(b.returns()[r] == GradBridge::ReturnKind::kTensor && v.isTensor()
                            ? std::optional<Variable>(v.toTensor())
                            : std::nullopt);
@@ -999,12 +1000,12 @@ class AutogradKernel : public c10::OperatorKernel {
     size_t e = 0;
     for (size_t r = 0; r < nrets; ++r) {
       c10::IValue& v = (*stack)[out_base + r];
-      const int32_t count = node->return_counts[r];
+      const int32_t count = node->return_count(r);
       if (b.returns()[r] == GradBridge::ReturnKind::kTensorList && v.isList()) {
         if (v.isTensorList()) {
           c10::List<at::Tensor> list;
           list.reserve(static_cast<size_t>(count));
-          for (int32_t i = 0; i < count; ++i, ++e) list.push_back(*wrapped[e]);
+          for (int32_t i = 0; i < count; ++i, ++e) list.push_back(wrapped[e].has_value() ? *wrapped[e] : at::Tensor());
           v = std::move(list);
         } else {
           c10::List<std::optional<at::Tensor>> list;
@@ -1019,7 +1020,6 @@ class AutogradKernel : public c10::OperatorKernel {
       if (wrapped[e].has_value()) v = *wrapped[e];
       ++e;
     }
-    (void)nargs;
   }
 
   // setup_context(ctx, original inputs, original output), inputs and output
@@ -1104,8 +1104,7 @@ void InitAutograd(py::module_& m) {
            "The autograd bridge of an op: reads opdef.name, .boundary, ._state (backward, setup_context) "
            "and ._code.")
       .def("register", [](const std::shared_ptr<GradBridge>& b) { return RegisterBridge(b); },
-           "Registers the op's Autograd kernel (every runtime autograd key); it stays while the result lives.")
-      .def_property_readonly("node_name", &GradBridge::node_name);
+           "Registers the op's Autograd kernel (every runtime autograd key); it stays while the result lives.");
 }
 
 }  // namespace opforge
