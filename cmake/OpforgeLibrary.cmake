@@ -96,8 +96,15 @@ function(opforge_add_library name)
     else()
       target_compile_features(${name} PRIVATE cxx_std_17)
     endif()
-    target_link_libraries(${name} PRIVATE ${CMAKE_DL_LIBS})
-    set_target_properties(${name} PROPERTIES INSTALL_RPATH "$ORIGIN/../opforge/lib" BUILD_RPATH "${opforge_LIBRARY_DIR}")
+    # torch's C shims live in libtorch_cpu (libtorch_cuda for CUDA's), whose
+    # unversioned names every torch release keeps.
+    target_link_libraries(${name} PRIVATE ${CMAKE_DL_LIBS} "${OPFORGE_TORCH_DIR}/lib/libtorch_cpu.so")
+    if(_cuda_sources AND EXISTS "${OPFORGE_TORCH_DIR}/lib/libtorch_cuda.so")
+      target_link_libraries(${name} PRIVATE "${OPFORGE_TORCH_DIR}/lib/libtorch_cuda.so")
+    endif()
+    set_target_properties(${name} PROPERTIES
+      INSTALL_RPATH "$ORIGIN/../opforge/lib;$ORIGIN/../torch/lib"
+      BUILD_RPATH "${opforge_LIBRARY_DIR};${OPFORGE_TORCH_DIR}/lib")
     if(_cuda_sources)
       target_compile_definitions(${name} PRIVATE USE_CUDA)
     endif()

@@ -30,6 +30,14 @@ inline Tensor EmptyLike(const Tensor& t) {
 #endif
 }
 
+inline Tensor Contiguous(const Tensor& t) {
+#ifdef OPFORGE_STABLE_ABI
+  return torch::stable::contiguous(t);
+#else
+  return t.contiguous();
+#endif
+}
+
 // Throws with the op's name; torch turns it into a Python RuntimeError.
 inline void Check(bool ok, const char* op, const std::string& what) {
   if (!ok) throw std::runtime_error(std::string(op) + ": " + what);

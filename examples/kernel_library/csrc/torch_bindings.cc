@@ -34,7 +34,7 @@ struct RmsNormGrad {
     auto saved = ctx->get_saved_variables();
     const NormCfg cfg{ctx->saved_data["eps"].toDouble(), ctx->saved_data["gemma"].toBool()};
     auto [grad_input, grad_weight] = opforge::Call<std::tuple<Tensor, Tensor>>(
-        "kernels::rms_norm_backward", grad.contiguous(), saved[0], saved[1], cfg);
+        "kernels::rms_norm_backward", Contiguous(grad), saved[0], saved[1], cfg);
     return {grad_input, grad_weight, opforge::NoGrad{}};
   }
 };
