@@ -23,7 +23,7 @@ SAN_BUILD ?= build/sanitize
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: all setup gtest build demo test cpp-test py-test gpu-test bench sanitize tsan clean \
-	test-torch-latest test-torch-previous wheel-smoke
+	test-torch-latest test-torch-previous wheel-smoke test-stable-abi
 
 all: test
 
@@ -55,6 +55,8 @@ cpp-test: setup
 
 py-test: build
 	$(PY) -m pytest tests/python -q
+	@echo "The example kernel library again, built on torch's stable ABI (docs/stable_abi.md):"
+	OPFORGE_KERNELS=stable $(PY) -m pytest tests/python/test_kernel_library.py -q
 
 test: cpp-test py-test
 
@@ -100,6 +102,27 @@ test-torch-previous: test-torch-$(TORCH_PREVIOUS)
 test-torch-%:
 	$(MAKE) test VENV=.venv-torch-$* TORCH_VERSION=$* TORCH_SPEC="torch==$*" TRITON_SPEC= \
 	  CPP_BUILD=build/torch-$*/cpp PY_BUILD="build/torch-$*/{wheel_tag}"
+
+# One stable-ABI build of the example kernel library, made here with this
+# torch (targeting 2.10), and the very same file tested under each torch of
+# STABLE_ABI_TORCH, each in its own venv with opforge built for it
+# (docs/stable_abi.md#one-build-every-torch).
+STABLE_ABI_TORCH ?= $(TORCH_LATEST) $(TORCH_PREVIOUS)
+STABLE_ABI_DIR ?= build/stable-abi
+test-stable-abi: build
+	rm -rf $(STABLE_ABI_DIR) && mkdir -p $(STABLE_ABI_DIR)
+	OPFORGE_KERNELS=stable $(PY) -m pytest tests/python/test_kernel_library.py -q -s
+	cp build/torch-$$($(PY) -c "import torch; print(torch.__version__.split('+')[0])")/kernel_library_stable/libopforge_kernels.so \
+	  $(STABLE_ABI_DIR)/libopforge_kernels.so
+	sha256sum $(STABLE_ABI_DIR)/libopforge_kernels.so
+	set -e; for v in $(STABLE_ABI_TORCH); do \
+	  $(MAKE) build VENV=.venv-torch-$$v TORCH_VERSION=$$v TORCH_SPEC="torch==$$v" TRITON_SPEC= \
+	    PY_BUILD="build/torch-$$v/{wheel_tag}"; \
+	  echo "== the same stable build under torch $$v"; \
+	  OPFORGE_KERNELS=$(abspath $(STABLE_ABI_DIR))/libopforge_kernels.so \
+	    .venv-torch-$$v/bin/python -m pytest tests/python/test_kernel_library.py -q -s; \
+	done
+	sha256sum $(STABLE_ABI_DIR)/libopforge_kernels.so
 
 # `pip wheel --no-build-isolation --no-deps .`, then the wheel installed in a
 # fresh venv that shares this torch: import, ops, --version, find_package

@@ -6,7 +6,9 @@
 
 #include <opforge/opforge.h>
 
+#include <optional>
 #include <tuple>
+#include <vector>
 
 namespace kernels {
 
@@ -44,6 +46,15 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad, const Tens
                                                   const NormCfg& cfg);
 void act_and_mul_cuda(Tensor& out, const Tensor& input, const ActCfg& cfg);
 #endif
+
+// Per-row scales held by C++ and passed to ops as a runner handle
+// (docs/handles.md): out[i] = x[i] * table.scales[rows[i]], clamped.
+struct ScaleTable {
+  std::vector<double> scales;
+};
+int64_t make_scale_table(const std::vector<double>& scales);
+void scale_rows_cpu(Tensor& out, const Tensor& x, opforge::Handle<ScaleTable> table, const std::vector<int64_t>& rows,
+                    std::optional<double> clamp);
 
 // The functional norm: a new output, and a C++ backward (torch_bindings.cc).
 Tensor rms_norm_fn(const Tensor& input, const Tensor& weight, const NormCfg& cfg);

@@ -57,6 +57,10 @@ OPFORGE_LIBRARY(kernels, ops) {
   ops.impl("rms_norm_backward", c10::kCPU, &rms_norm_backward_cpu);
   ops.fake("rms_norm_backward", &rms_norm_backward_meta);
 
+  ops.def("make_scale_table(float[] scales) -> int", &make_scale_table);
+  ops.def("scale_rows(Tensor! out, Tensor x, Handle(ScaleTable) table, int[] rows, float? clamp=None) -> ()");
+  ops.impl("scale_rows", c10::kCPU, &scale_rows_cpu);
+
   // A functional op with a C++ backward; the kernel serves every device.
   ops.def("rms_norm_fn(Tensor input, Tensor weight, NormCfg cfg) -> Tensor", &rms_norm_fn)
       .autograd<RmsNormGrad>();
