@@ -168,3 +168,17 @@ def test_a_cpp_op_without_a_backward_raises_when_a_gradient_is_requested(kernels
 
 
 
+
+
+def test_a_cpp_collective_declares_its_symmetric_input(kernels):
+    s = opforge.structs.kernels
+    assert opforge.symm_mem_args("kernels::one_shot_all_reduce") == ["input"]
+    # The field's default is not in the flat schema: a required argument follows it.
+    assert kernels.one_shot_all_reduce.schema == ("kernels::one_shot_all_reduce(Tensor input, "
+                                                  "str cfg__reduce_op, str group_name) -> Tensor")
+    assert s.ReduceCfg() == s.ReduceCfg(reduce_op="sum")
+    if opforge.symm_mem.has_native_registry():
+        from torch._library.simple_registry import singleton
+
+        opforge._cpp_ops.refresh()
+        assert list(singleton.find("kernels::one_shot_all_reduce").symm_mem_args.get()) == ["input"]
