@@ -18,13 +18,14 @@ from opforge import handles
 
 DIM = 8
 
-# torch 2.11's Dynamo cannot call a function on an object while tracing, so a
-# runner must be registered (or called once eagerly) before torch.compile
-# meets it (docs/handles.md, "torch versions").
+# Before torch 2.12 Dynamo cannot call a function on an object while tracing,
+# so a runner made without its __init__ (GemmRunner.__new__, as fresh_runner
+# does) must be registered before torch.compile meets it (docs/handles.md,
+# "Which torch does what").
 registers_at_trace_time = pytest.mark.skipif(
     not handles._dynamo_registers_at_trace_time(),
-    reason="this torch's Dynamo cannot register a runner while tracing; runners must be registered before "
-    "torch.compile (the registered cases run)",
+    reason=f"needs torch 2.12 (this is {torch.__version__}): registering a runner while Dynamo traces; runners "
+    "made by their __init__ or copied are registered before (those tests run)",
 )
 
 
@@ -56,7 +57,8 @@ def compile_mode(monkeypatch):
 
 
 def fresh_runner(runner: GemmRunner) -> GemmRunner:
-    """The same plan in a runner that was never registered."""
+    """The same plan in a runner that was never registered (made without
+    __init__, which would register it)."""
     fresh = GemmRunner.__new__(GemmRunner)
     fresh.plan, fresh.calls = runner.plan, 0
     return fresh
@@ -80,6 +82,28 @@ def test_24_layers_each_with_its_own_runner_compile_to_at_most_two_graphs(ns, re
     assert_close(compiled_x, eager_x)
     assert_close(compiled_y, eager_y)
     assert [layer.runner.calls for layer in layers] == [2] * 24  # each layer ran its own runner
+
+
+@pytest.mark.parametrize("trace_time", [True, False], ids=["this-torch", "no-trace-time-registration"])
+def test_a_model_whose_first_call_is_compiled_compiles_one_graph_on_every_torch(ns, monkeypatch, trace_time):
+    # The runners are made with the layers and never passed eagerly nor
+    # registered by hand; without trace-time registration is how torch
+    # before 2.12 runs.
+    if not trace_time:
+        monkeypatch.setattr(handles, "_TRACE_TIME_REGISTRATION", False)
+    gemm = define_gemm(ns)
+    layers = layers_of(gemm, 24)
+    x = inputs()
+    with torch.no_grad(), fresh_dynamo():
+        compile_layers(layers, backend="eager")
+        compiled = run(layers, x)
+        assert compiled_graphs() == 1
+        assert graph_breaks() == 0
+        assert [layer.runner.calls for layer in layers] == [1] * 24
+        eager = x
+        for layer in layers:
+            eager = layer.forward(eager)  # the layer's own forward, not its compiled call
+    assert_close(compiled, eager)
 
 
 def test_24_layers_with_inductor_compile_once_and_match_eager(ns):
@@ -159,7 +183,6 @@ def test_a_released_runner_in_a_compiled_model_gets_a_new_handle_without_recompi
     assert handles.register(layers[3].runner) != old
 
 
-@registers_at_trace_time
 def test_a_new_runner_assigned_to_a_compiled_layer_is_the_one_called(ns):
     gemm = define_gemm(ns)
     layers = layers_of(gemm, 4, register=True)
@@ -170,12 +193,11 @@ def test_a_new_runner_assigned_to_a_compiled_layer_is_the_one_called(ns):
         old = layers[1].runner
         layers[1].runner = GemmRunner(torch.eye(DIM))  # never registered
         compiled = run(layers, x)
-        assert compiled_graphs() <= 2
+        assert compiled_graphs() == 1
     assert layers[1].runner.calls == 1 and old.calls == 1
     assert_close(compiled, run(layers, x))
 
 
-@registers_at_trace_time
 def test_copies_of_registered_runners_get_their_own_handles_under_compile(ns):
     # deepcopy of a model copies each runner with its original's attribute:
     # the copies must never run the originals, nor compile one graph each.
@@ -188,14 +210,13 @@ def test_copies_of_registered_runners_get_their_own_handles_under_compile(ns):
     with torch.no_grad(), fresh_dynamo():
         compile_layers(copies, backend="eager")
         compiled = run(copies, x)
-        assert compiled_graphs() <= 2
+        assert compiled_graphs() == 1
     assert [layer.runner.calls for layer in layers] == [0] * 12
     assert [layer.runner.calls for layer in copies] == [1] * 12
     assert_close(compiled, run(copies, x))
     assert len({handles.register(layer.runner) for layer in layers + copies}) == 24
 
 
-@registers_at_trace_time
 def test_copies_of_runners_that_are_gone_compile_too(ns):
     gemm = define_gemm(ns)
     template = PythonRunnerLayer(gemm, DIM, seed=0, register=True)
@@ -206,7 +227,7 @@ def test_copies_of_runners_that_are_gone_compile_too(ns):
     with torch.no_grad(), fresh_dynamo():
         compile_layers(layers, backend="eager")
         compiled = run(layers, x)
-        assert compiled_graphs() <= 2
+        assert compiled_graphs() == 1
     assert [layer.runner.calls for layer in layers] == [1] * 8
     assert_close(compiled, run(layers, x))
 
