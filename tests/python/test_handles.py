@@ -11,7 +11,7 @@ from typing import Optional
 
 import pytest
 import torch
-from op_testing import fast_path, fresh_dynamo, graph_breaks, ns, path  # noqa: F401
+from op_testing import fast_path, fresh_dynamo, graph_breaks, needs_torch, ns, path  # noqa: F401
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opforge
@@ -228,11 +228,9 @@ def test_registration_is_idempotent_and_thread_safe():
     assert len(set(out)) == 1 and out[0] == handles.register(r)
 
 
-registers_at_trace_time = pytest.mark.skipif(
-    not handles._dynamo_registers_at_trace_time(),
-    reason="this torch's Dynamo cannot call a function on the object while tracing; runners must be "
-    "registered before torch.compile there (the attribute fallback, tested below)",
-)
+registers_at_trace_time = needs_torch("2.12", "registering a runner made without its __init__ while Dynamo "
+                                      "traces (the attribute fallback is tested below)",
+                                      handles._dynamo_registers_at_trace_time())
 
 
 @registers_at_trace_time

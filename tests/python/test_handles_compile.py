@@ -9,7 +9,7 @@ import gc
 
 import pytest
 import torch
-from op_testing import fresh_dynamo, graph_breaks, load_test_extension, ns  # noqa: F401
+from op_testing import fresh_dynamo, graph_breaks, load_test_extension, needs_torch, ns  # noqa: F401
 from runner_models import (CppRunnerLayer, GemmRunner, PythonRunnerLayer, compile_layers, compiled_graphs,
                            define_gemm, run)
 from torch.testing import assert_close
@@ -22,11 +22,9 @@ DIM = 8
 # so a runner made without its __init__ (GemmRunner.__new__, as fresh_runner
 # does) must be registered before torch.compile meets it (docs/handles.md,
 # "Which torch does what").
-registers_at_trace_time = pytest.mark.skipif(
-    not handles._dynamo_registers_at_trace_time(),
-    reason=f"needs torch 2.12 (this is {torch.__version__}): registering a runner while Dynamo traces; runners "
-    "made by their __init__ or copied are registered before (those tests run)",
-)
+registers_at_trace_time = needs_torch("2.12", "registering a runner made without its __init__ while Dynamo "
+                                      "traces (runners made by __init__ or copied are tested everywhere)",
+                                      handles._dynamo_registers_at_trace_time())
 
 
 def layers_of(gemm, n, register=False):
@@ -46,7 +44,7 @@ def compile_mode(monkeypatch):
 
     def use(mode: str):
         if mode == "dynamic_int" and handles._detect_mode() != "dynamic_int":
-            pytest.skip("this torch has no DynamicInt")
+            pytest.skip(f"needs torch 2.10 (this is {torch.__version__}): torch.fx's DynamicInt")
         monkeypatch.setattr(handles, "_MODE", mode)
         if mode == "dynamic_sources":
             torch.compiler.config.dynamic_sources = ""

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from op_testing import ns  # noqa: F401
+from op_testing import needs_torch, ns  # noqa: F401
 from torch._inductor.utils import fresh_cache, run_and_get_code
 
 import opforge
@@ -30,7 +30,7 @@ from opforge import _C, symm_mem
 Tensor = torch.Tensor
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NATIVE = symm_mem.has_native_registry()
-needs_native = pytest.mark.skipif(not NATIVE, reason="torch has no native symm-mem registry (2.13+)")
+needs_native = needs_torch("2.13", "the native symm-mem registry", NATIVE)
 # Inductor's message when asked to allocate a comm buffer on CPU: proof that it
 # tried (torch 2.15 says "accelerator device" where earlier releases say "CUDA").
 COMM_BUFFER_ON_CPU = re.compile(r"Comm buffer requires a valid (CUDA|accelerator) device")
@@ -66,7 +66,7 @@ def defined(ns):
 def path(request):
     """Runs a test through torch's registry and through opforge's lowering."""
     if request.param == "native" and not NATIVE:
-        pytest.skip("torch has no native symm-mem registry (2.13+)")
+        pytest.skip(f"needs torch 2.13 (this is {torch.__version__}): the native symm-mem registry")
     previous = symm_mem.set_mode(request.param)
     yield request.param
     symm_mem.set_mode(previous)
@@ -300,7 +300,8 @@ def test_ops_registered_with_torch_directly_are_reported(ns):
     lib._destroy()
 
 
-@pytest.mark.skipif(NATIVE, reason="torch has the native registry")
+@pytest.mark.skipif(NATIVE, reason=f"torch {torch.__version__} has the native registry: the error is for torch "
+                                   f"before 2.13")
 def test_native_mode_needs_the_native_registry():
     with pytest.raises(RuntimeError, match="has no native symm-mem registry.*Use 'auto' or 'lowering'"):
         symm_mem.set_mode("native")

@@ -34,7 +34,7 @@ _counter = iter(range(10**6))
 
 
 
-# torch 2.11's AOTAutograd rejects an in-place write into a saved tensor that
+# Before 2.13, AOTAutograd rejects an in-place write into a saved tensor that
 # requires grad ("a leaf Variable that requires grad is being used in an
 # in-place operation") while tracing the backward, before opforge's write
 # analysis runs; torch 2.13+ traces it and opforge warns.
@@ -421,8 +421,9 @@ def test_a_backward_writing_its_gradient_warns(analysis):
     assert "in_place=False" in message
 
 
-@pytest.mark.skipif(not _TRACES_SAVED_INPUT_WRITES, reason="torch 2.11 fails the trace itself with "
-                    "'a leaf Variable that requires grad is being used in an in-place operation'")
+@pytest.mark.skipif(not _TRACES_SAVED_INPUT_WRITES, reason=f"needs torch 2.13 (this is {torch.__version__}): "
+                    "earlier torch fails the trace itself with 'a leaf Variable that requires grad is being used "
+                    "in an in-place operation'")
 def test_a_backward_overwriting_a_saved_input_warns(analysis):
     def body(x: Tensor) -> Tensor:
         return lib.square_forward(x)[1]
