@@ -158,14 +158,27 @@ def dynamic(handle: int) -> int:
         self.runner = opforge.handles.dynamic(ext.make_runner(3.0))   # a C++ handle
         int(self.runner) == ...                                       # the same int
 
-    Where the installed torch cannot do that (compile_mode() != 'dynamic_int')
-    this returns the plain int, a constant under torch.compile."""
+    Where the installed torch cannot do that (compile_mode() != 'dynamic_int',
+    torch before 2.10) this warns once and returns the plain int, a constant
+    under torch.compile."""
     if isinstance(handle, bool) or not isinstance(handle, int):
         raise TypeError(f"opforge.handles.dynamic: expected an int handle, got {type(handle).__name__}. "
                         f"Pass the int that opforge.handles.register (or a C++ RegisterHandle) returned.")
     if compile_mode() == "dynamic_int":
         return handle if type(handle) is HandleId else HandleId(handle)
+    _warn_constant_handles()
     return int(handle)
+
+
+@functools.cache
+def _warn_constant_handles() -> None:
+    import warnings
+
+    import torch
+
+    warnings.warn(f"opforge.handles.dynamic: torch {torch.__version__} has no DynamicInt (torch 2.10 has), so an int "
+                  f"handle is a constant under torch.compile: each handle compiles a graph of its own, up to "
+                  f"Dynamo's recompile limit. Runners passed as Handle[...] objects share one graph.", stacklevel=3)
 
 
 def _type_key(cls: type) -> str:

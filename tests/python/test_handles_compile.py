@@ -283,6 +283,16 @@ def test_without_trace_time_registration_registered_runners_still_compile_once(n
     assert_close(compiled, eager)
 
 
+@pytest.mark.parametrize("mode", ["dynamic_sources", "constant"])
+def test_dynamic_warns_when_made_where_an_int_handle_is_a_constant_to_compiled_code(compile_mode, mode):
+    compile_mode(mode)
+    handles._warn_constant_handles.cache_clear()
+    with pytest.warns(UserWarning, match=r"opforge.handles.dynamic: torch \S+ has no DynamicInt \(torch 2.10 has\), "
+                                         r"so an int handle is a constant under torch.compile"):
+        assert handles.dynamic(12345) == 12345
+    handles._warn_constant_handles.cache_clear()
+
+
 def test_dynamic_handles_print_and_compare_as_plain_ints():
     h = handles.dynamic(4611686018427387905)
     assert h == 4611686018427387905 and hash(h) == hash(4611686018427387905)
