@@ -75,6 +75,27 @@ def test_64_layers_of_a_python_op_with_runners_replay_in_cuda_graphs(ns):
     assert max(calls) < STEPS, f"later steps replayed CUDA graphs without running Python: {calls}"
 
 
+def test_a_model_whose_first_call_is_compiled_replays_in_cuda_graphs(ns):
+    # No eager call and no registration by hand: each runner registered
+    # itself when its layer made it, on any torch (2.11 cannot register one
+    # while tracing).
+    gemm = define_gemm(ns)
+    layers = [PythonRunnerLayer(gemm, DIM, seed=i, device="cuda") for i in range(LAYERS)]
+    xs = batches()
+    with torch.no_grad(), fresh_dynamo():
+        compile_layers(layers, mode="reduce-overhead")
+        compiled = compiled_steps(layers, xs)
+        assert compiled_graphs() == 1
+        assert graph_breaks() == 0
+        eager = []
+        for x in xs:
+            for layer in layers:
+                x = layer.forward(x)  # the layer's own forward, not its compiled call
+            eager.append(x)
+    for got, want in zip(compiled, eager):
+        assert_close(got, want, rtol=1e-3, atol=1e-3)
+
+
 def test_a_released_runner_records_again_and_replays_its_own_kernels(ns):
     gemm = define_gemm(ns)
     layers = [PythonRunnerLayer(gemm, DIM, seed=i, device="cuda", register=True) for i in range(8)]
