@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 from op_testing import fresh_dynamo, graph_breaks, load_test_extension, ns  # noqa: E402,F401
 from runner_models import (CppRunnerLayer, PythonRunnerLayer, compile_layers, compiled_graphs,  # noqa: E402
-                           define_gemm, run)
+                           define_gemm, run, run_uncompiled)
 from torch.testing import assert_close  # noqa: E402
 
 from opforge import handles  # noqa: E402
@@ -87,11 +87,7 @@ def test_a_model_whose_first_call_is_compiled_replays_in_cuda_graphs(ns):
         compiled = compiled_steps(layers, xs)
         assert compiled_graphs() == 1
         assert graph_breaks() == 0
-        eager = []
-        for x in xs:
-            for layer in layers:
-                x = layer.forward(x)  # the layer's own forward, not its compiled call
-            eager.append(x)
+        eager = [run_uncompiled(layers, x) for x in xs]
     for got, want in zip(compiled, eager):
         assert_close(got, want, rtol=1e-3, atol=1e-3)
 

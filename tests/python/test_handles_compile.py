@@ -11,7 +11,7 @@ import pytest
 import torch
 from op_testing import fresh_dynamo, graph_breaks, load_test_extension, needs_torch, ns  # noqa: F401
 from runner_models import (CppRunnerLayer, GemmRunner, PythonRunnerLayer, compile_layers, compiled_graphs,
-                           define_gemm, run)
+                           define_gemm, run, run_uncompiled)
 from torch.testing import assert_close
 
 from opforge import handles
@@ -98,9 +98,7 @@ def test_a_model_whose_first_call_is_compiled_compiles_one_graph_on_every_torch(
         assert compiled_graphs() == 1
         assert graph_breaks() == 0
         assert [layer.runner.calls for layer in layers] == [1] * 24
-        eager = x
-        for layer in layers:
-            eager = layer.forward(eager)  # the layer's own forward, not its compiled call
+        eager = run_uncompiled(layers, x)
     assert_close(compiled, eager)
 
 
