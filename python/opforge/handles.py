@@ -34,7 +34,6 @@ from . import _C
 from ._types import registered_name
 
 
-
 @dataclass(frozen=True)
 class _Entry:
     """A registered object as the table holds it: `held` is a weakref to it,
