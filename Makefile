@@ -19,11 +19,14 @@ PY_BUILD ?= build/{wheel_tag}
 # and `make test-torch-previous` test against them (docs/versions.md).
 TORCH_LATEST ?= 2.15.0
 TORCH_PREVIOUS ?= 2.14.1
+# The newest patch release on PyPI of every supported release line:
+# `make test-torch-2.9` tests 2.9.1, `make test-torch-all` tests each.
+TORCH_RELEASES ?= 2.9.1 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0
 SAN_BUILD ?= build/sanitize
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: all setup gtest build demo test cpp-test py-test gpu-test bench sanitize tsan clean \
-	test-torch-latest test-torch-previous wheel-smoke test-stable-abi
+	test-torch-latest test-torch-previous test-torch-all wheel-smoke test-stable-abi
 
 all: test
 
@@ -99,6 +102,10 @@ tsan: setup
 # `make test-torch-2.14.0` works for any release; CI runs `make test`.
 test-torch-latest: test-torch-$(TORCH_LATEST)
 test-torch-previous: test-torch-$(TORCH_PREVIOUS)
+# One after another: each builds opforge anew (an hour or more on two cores).
+test-torch-all: $(addprefix test-torch-,$(TORCH_RELEASES))
+# A release line names its newest patch release: pip reads torch==2.9 as 2.9.0.
+$(foreach release,$(TORCH_RELEASES),$(eval test-torch-$(basename $(release)): test-torch-$(release)))
 test-torch-%:
 	$(MAKE) test VENV=.venv-torch-$* TORCH_VERSION=$* TORCH_SPEC="torch==$*" TRITON_SPEC= \
 	  CPP_BUILD=build/torch-$*/cpp PY_BUILD="build/torch-$*/{wheel_tag}"
