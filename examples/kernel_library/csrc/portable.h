@@ -17,7 +17,7 @@
 #endif
 
 #if defined(OPFORGE_WITH_CUDA) && !defined(OPFORGE_STABLE_ABI)
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace kernels {
@@ -69,7 +69,7 @@ inline void* CurrentStream(const Tensor& t) {
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
   return stream;
 #else
-  return at::cuda::getCurrentCUDAStream(t.get_device()).stream();
+  return c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
 #endif
 }
 #endif
