@@ -159,7 +159,7 @@ struct Stable<std::optional<T>, std::enable_if_t<!kIsStruct<T> && !std::is_same_
     if (v == from(std::nullopt)) return std::nullopt;
     auto* slot = to<StableIValue*>(v);
     T value = Stable<T>::Read(*slot);
-#if TORCH_FEATURE_VERSION >= TORCH_VERSION_2_13_0
+#if defined(TORCH_VERSION_2_13_0) && TORCH_FEATURE_VERSION >= TORCH_VERSION_2_13_0
     TORCH_ERROR_CODE_CHECK(torch_delete_stable_ivalue(slot));
 #else
     delete slot;
@@ -358,7 +358,7 @@ class StableBackend {
  private:
   static char* Message(const std::string& text) { return strdup(text.c_str()); }
   static std::string TorchMessage(AOTITorchError code) {
-#if TORCH_FEATURE_VERSION >= TORCH_VERSION_2_13_0
+#if defined(TORCH_VERSION_2_13_0) && TORCH_FEATURE_VERSION >= TORCH_VERSION_2_13_0
     (void)code;
     return torch_exception_get_what_without_backtrace();
 #else
