@@ -230,3 +230,18 @@ def test_cpp_ops_fast_path_and_dispatcher_path_agree_on_every_field_and_value(ex
         with fast_path(enabled):
             assert ext.probe_optional(torch.ones(1), None).tolist() == [-1.0] * 11
             assert ext.probe(torch.zeros(1), Probe(m=opforge.structs.opforge_ext.Mode.kMul, ts=[]))[8].item() == 1
+
+
+def test_the_c_surface_serves_its_version_and_names_the_newest_it_serves():
+    import ctypes
+
+    core = ctypes.CDLL(os.path.join(opforge.cmake_prefix_path, "lib", "libopforge_core.so"))
+    get = core.opforge_abi_get
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
+    core.opforge_version.restype = ctypes.c_char_p
+    newest = ctypes.c_uint32(0)
+    assert get(1, ctypes.byref(newest)) is not None
+    assert newest.value == opforge._C.abi_version() == 1
+    # A library built for a later table gets none, and learns which one this opforge has.
+    assert get(2, ctypes.byref(newest)) is None and newest.value == 1
+    assert core.opforge_version().decode() == opforge.__version__

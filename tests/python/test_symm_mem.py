@@ -566,3 +566,14 @@ def test_the_decorator_declares_symm_mem_args(ns):
         assert symm_mem.handled_by(ar.name) == ("native" if NATIVE else "lowering")
     finally:
         symm_mem.forget(ar.name)
+
+
+@realizes_fixed_buffers
+def test_a_cpp_ops_tagged_producer_becomes_a_comm_buffer(path, cpu_comm_buffers):
+    # tests/cpp_ext: opforge_ext::all_reduce(Tensor x, str reduce_op, str group_name), .symm_mem_args({"x"}).
+    from cpp_ext import load
+
+    ext = load()
+    assert symm_mem.symm_mem_args("opforge_ext::all_reduce") == ["x"]
+    assert symm_mem.handled_by("opforge_ext::all_reduce") == path
+    assert_realized_as_comm_buffer(lambda t: ext.all_reduce(t * 2 + 1, "sum", "0"), torch.ones(8))
