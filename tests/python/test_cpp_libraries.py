@@ -245,3 +245,12 @@ def test_the_c_surface_serves_its_version_and_names_the_newest_it_serves():
     # A library built for a later table gets none, and learns which one this opforge has.
     assert get(2, ctypes.byref(newest)) is None and newest.value == 1
     assert core.opforge_version().decode() == opforge.__version__
+
+
+def test_the_headers_version_is_the_packages():
+    # A library records OPFORGE_VERSION_STRING when built; the core compares it with its own at load.
+    with open(os.path.join(ROOT, "cpp", "include", "opforge", "version.h"), encoding="utf-8") as f:
+        header = re.search(r'#define OPFORGE_VERSION_STRING "([^"]+)"', f.read()).group(1)
+    with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
+        project = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
+    assert header == project == opforge.__version__
