@@ -19,11 +19,14 @@ PY_BUILD ?= build/{wheel_tag}
 # and `make test-torch-previous` test against them (docs/versions.md).
 TORCH_LATEST ?= 2.15.0
 TORCH_PREVIOUS ?= 2.14.1
+# The newest patch release on PyPI of every supported release line:
+# `make test-torch-2.9` tests 2.9.1, `make test-torch-all` tests each.
+TORCH_RELEASES ?= 2.9.1 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0
 SAN_BUILD ?= build/sanitize
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: all setup gtest build demo test cpp-test py-test gpu-test bench sanitize tsan clean \
-	test-torch-latest test-torch-previous wheel-smoke
+	test-torch-latest test-torch-previous test-torch-all wheel-smoke test-stable-abi
 
 all: test
 
@@ -55,6 +58,8 @@ cpp-test: setup
 
 py-test: build
 	$(PY) -m pytest tests/python -q
+	@echo "The example kernel library again, built on torch's stable ABI (docs/stable_abi.md):"
+	OPFORGE_KERNELS=stable $(PY) -m pytest tests/python/test_kernel_library.py -q
 
 test: cpp-test py-test
 
@@ -97,9 +102,34 @@ tsan: setup
 # `make test-torch-2.14.0` works for any release; CI runs `make test`.
 test-torch-latest: test-torch-$(TORCH_LATEST)
 test-torch-previous: test-torch-$(TORCH_PREVIOUS)
+# One after another: each builds opforge anew (an hour or more on two cores).
+test-torch-all: $(addprefix test-torch-,$(TORCH_RELEASES))
+# A release line names its newest patch release: pip reads torch==2.9 as 2.9.0.
+$(foreach release,$(TORCH_RELEASES),$(eval test-torch-$(basename $(release)): test-torch-$(release)))
 test-torch-%:
 	$(MAKE) test VENV=.venv-torch-$* TORCH_VERSION=$* TORCH_SPEC="torch==$*" TRITON_SPEC= \
 	  CPP_BUILD=build/torch-$*/cpp PY_BUILD="build/torch-$*/{wheel_tag}"
+
+# One stable-ABI build of the example kernel library, made here with this
+# torch (targeting 2.10), and the very same file tested under each torch of
+# STABLE_ABI_TORCH, each in its own venv with opforge built for it
+# (docs/stable_abi.md#one-build-every-torch).
+STABLE_ABI_TORCH ?= $(TORCH_LATEST) $(TORCH_PREVIOUS)
+STABLE_ABI_DIR ?= build/stable-abi
+test-stable-abi: build
+	rm -rf $(STABLE_ABI_DIR) && mkdir -p $(STABLE_ABI_DIR)
+	OPFORGE_KERNELS=stable $(PY) -m pytest tests/python/test_kernel_library.py -q -s
+	cp build/torch-$$($(PY) -c "import torch; print(torch.__version__.split('+')[0])")/kernel_library_stable/libopforge_kernels.so \
+	  $(STABLE_ABI_DIR)/libopforge_kernels.so
+	sha256sum $(STABLE_ABI_DIR)/libopforge_kernels.so
+	set -e; for v in $(STABLE_ABI_TORCH); do \
+	  $(MAKE) build VENV=.venv-torch-$$v TORCH_VERSION=$$v TORCH_SPEC="torch==$$v" TRITON_SPEC= \
+	    PY_BUILD="build/torch-$$v/{wheel_tag}"; \
+	  echo "== the same stable build under torch $$v"; \
+	  OPFORGE_KERNELS=$(abspath $(STABLE_ABI_DIR))/libopforge_kernels.so \
+	    .venv-torch-$$v/bin/python -m pytest tests/python/test_kernel_library.py -q -s; \
+	done
+	sha256sum $(STABLE_ABI_DIR)/libopforge_kernels.so
 
 # `pip wheel --no-build-isolation --no-deps .`, then the wheel installed in a
 # fresh venv that shares this torch: import, ops, --version, find_package

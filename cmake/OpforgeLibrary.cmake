@@ -8,9 +8,9 @@
 #
 # CUDA sources (.cu) need CUDA enabled first (project(... LANGUAGES CXX CUDA),
 # or enable_language(CUDA)). Their architectures: CUDA_ARCHITECTURES if
-# given, else CMAKE_CUDA_ARCHITECTURES if set, else the TORCH_CUDA_ARCH_LIST
-# environment variable ("8.0;9.0+PTX" -> 80-real;90), else the GPUs of this
-# machine ("native"). Sources are compiled with OPFORGE_WITH_CUDA=1 when the
+# given, else CMAKE_CUDA_ARCHITECTURES (or CUDAARCHS) if you set it, else the
+# TORCH_CUDA_ARCH_LIST environment variable ("8.0;9.0+PTX" -> 80-real;90),
+# else the GPUs of this machine ("native"). Sources are compiled with OPFORGE_WITH_CUDA=1 when the
 # library has CUDA sources, so registrations can add CUDA kernels.
 #
 # RPATH: the library finds opforge's libraries and torch's in a wheel's layout
@@ -36,10 +36,16 @@ function(_opforge_torch_version_hex version out)
 endfunction()
 
 function(_opforge_cuda_architectures out given)
+  # CMake fills CMAKE_CUDA_ARCHITECTURES with the compiler's default when
+  # nobody set it; only a value someone chose counts.
+  set(_chosen "${CMAKE_CUDA_ARCHITECTURES}")
+  if(_chosen STREQUAL "${CMAKE_CUDA_ARCHITECTURES_DEFAULT}" AND NOT DEFINED ENV{CUDAARCHS})
+    set(_chosen "")
+  endif()
   if(given)
     set(${out} "${given}" PARENT_SCOPE)
-  elseif(CMAKE_CUDA_ARCHITECTURES)
-    set(${out} "${CMAKE_CUDA_ARCHITECTURES}" PARENT_SCOPE)
+  elseif(_chosen)
+    set(${out} "${_chosen}" PARENT_SCOPE)
   elseif(DEFINED ENV{TORCH_CUDA_ARCH_LIST} AND NOT "$ENV{TORCH_CUDA_ARCH_LIST}" STREQUAL "")
     string(REPLACE " " ";" _list "$ENV{TORCH_CUDA_ARCH_LIST}")
     set(_archs "")
@@ -96,8 +102,15 @@ function(opforge_add_library name)
     else()
       target_compile_features(${name} PRIVATE cxx_std_17)
     endif()
-    target_link_libraries(${name} PRIVATE ${CMAKE_DL_LIBS})
-    set_target_properties(${name} PROPERTIES INSTALL_RPATH "$ORIGIN/../opforge/lib" BUILD_RPATH "${opforge_LIBRARY_DIR}")
+    # torch's C shims live in libtorch_cpu (libtorch_cuda for CUDA's), whose
+    # unversioned names every torch release keeps.
+    target_link_libraries(${name} PRIVATE ${CMAKE_DL_LIBS} "${OPFORGE_TORCH_DIR}/lib/libtorch_cpu.so")
+    if(_cuda_sources AND EXISTS "${OPFORGE_TORCH_DIR}/lib/libtorch_cuda.so")
+      target_link_libraries(${name} PRIVATE "${OPFORGE_TORCH_DIR}/lib/libtorch_cuda.so")
+    endif()
+    set_target_properties(${name} PROPERTIES
+      INSTALL_RPATH "$ORIGIN/../opforge/lib;$ORIGIN/../torch/lib"
+      BUILD_RPATH "${opforge_LIBRARY_DIR};${OPFORGE_TORCH_DIR}/lib")
     if(_cuda_sources)
       target_compile_definitions(${name} PRIVATE USE_CUDA)
     endif()

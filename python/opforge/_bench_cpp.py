@@ -74,6 +74,35 @@ def build(build_dir: str | None = None, quiet: bool = True) -> str:
     return library
 
 
+STABLE_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bench_stable_ops.cc")
+STABLE_LIBRARY = "libopforge_bench_stable.so"
+
+
+def build_stable(build_dir: str | None = None, quiet: bool = True) -> str:
+    """Compiles the stable-ABI bench ops (torch's stable ABI, target 2.10)
+    unless they are newer than their source; returns the library path."""
+    from .gen._build import torch_flags
+
+    import opforge
+
+    build_dir = build_dir or default_build_dir()
+    os.makedirs(build_dir, exist_ok=True)
+    library = os.path.join(build_dir, STABLE_LIBRARY)
+    cflags, _ = torch_flags()
+    torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+    command = ([os.environ.get("CXX", "c++")] + cflags
+               + ["-DOPFORGE_STABLE_ABI", "-DTORCH_TARGET_VERSION=0x020A000000000000ULL",
+                  "-I", os.path.join(opforge.cmake_prefix_path, "include"), STABLE_SOURCE, "-o", library,
+                  "-shared", os.path.join(torch_lib, "libtorch_cpu.so"), "-ldl", f"-Wl,-rpath,{torch_lib}"])
+    if not (os.path.exists(library) and os.path.getmtime(library) >= os.path.getmtime(STABLE_SOURCE)):
+        if not quiet:
+            print(f"  compiling the stable-ABI bench ops into {build_dir} ...", file=sys.stderr, flush=True)
+        proc = subprocess.run(command, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError("compiling the stable-ABI bench ops failed:\n" + proc.stderr[-4000:])
+    return library
+
+
 @dataclasses.dataclass
 class Results:
     cpp: dict[str, float]  # ns per call, timed from C++
@@ -91,15 +120,23 @@ def _median_us(fn, calls: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def measure(library: str, calls: int = 400, repeats: int = 31) -> Results:
-    """Times every C++ case from C++ (the op `opforge_bench::time_cpp`) and
-    the autograd cases from Python, alternating repeats."""
+def measure(library: str, calls: int = 400, repeats: int = 31, stable_library: str | None = None) -> Results:
+    """Times every C++ case from C++ (the ops `opforge_bench::time_cpp` and
+    `time_boxed`) and the Python cases from Python, alternating repeats.
+    With `stable_library`, the stable-ABI struct ops too."""
     import opforge
 
     torch.ops.load_library(library)
     ops = torch.ops.opforge_bench
     flat, structured, function_bwd, opforge_bwd = ops.time_cpp(calls, repeats)
     cpp = {"flat": flat, "structured": structured, "function_bwd": function_bwd, "opforge_bwd": opforge_bwd}
+    if stable_library:
+        opforge.load_library(stable_library)
+        names = [f"opforge_bench::{kind}{n}" for n in LEAVES for kind in ("flat", "struct")]
+        names += [f"opforge_bench_stable::{kind}{n}" for n in LEAVES for kind in ("flat", "struct")]
+        for name, ns in zip(names, ops.time_boxed(names, calls * 20, repeats)):
+            cpp["boxed " + name.split("::")[0].replace("opforge_bench_stable", "stable") + " " +
+                name.split("::")[1]] = ns
 
     x, w, b = (torch.ones(4, requires_grad=True) for _ in range(3))
     y = torch.ones(4)
@@ -117,6 +154,10 @@ def measure(library: str, calls: int = 400, repeats: int = 31) -> Results:
         leaf_cases[f"flat{n}"] = (lambda f=flat_n, v=values: f(y, *v), autograd_calls * 20)
         leaf_cases[f"struct{n}"] = (lambda f=struct_n, c=cfg_n: f(y, c), autograd_calls * 20)
         leaf_cases[f"struct{n}_built"] = (lambda f=struct_n, c=cls, v=values: f(y, c(*v)), autograd_calls * 20)
+        if stable_library:
+            stable_cls = getattr(opforge.structs.opforge_bench_stable, f"Cfg{n}")
+            stable_n = getattr(opforge.ops.opforge_bench_stable, f"struct{n}")
+            leaf_cases[f"stable{n}"] = (lambda f=stable_n, c=stable_cls(*values): f(y, c), autograd_calls * 20)
     # (callable, calls per repeat): bare calls cost ~1/20 of fwd + bwd.
     cases = {
         **leaf_cases,
@@ -147,6 +188,10 @@ def render(results: Results) -> str:
     def verdict(r, budget=1.05):
         return "met" if r <= budget else "NOT met"
 
+    def ratio_row(label, value, base, budget):
+        r = value / base
+        return f"    {label:48}{r:>11.3f}x   budget <= {budget:.2f}x: {verdict(r, budget)}"
+
     lines = [
         f"C++ ops (compiled against torch {torch.__version__}), median of {results.repeats} repeats",
         f"  {'from C++, through the dispatcher':50}{'ns per call':>12}",
@@ -154,6 +199,7 @@ def render(results: Results) -> str:
         f"    {'opforge struct op':48}{c['structured']:>12.1f}",
         f"    {'fwd+bwd: hand-written torch::autograd::Function':48}{c['function_bwd']:>12.1f}",
         f"    {'fwd+bwd: opforge C++ backward (struct form)':48}{c['opforge_bwd']:>12.1f}",
+        *[f"    {'boxed: ' + key[len('boxed '):]:48}{c[key]:>12.1f}" for key in sorted(c) if key.startswith("boxed ")],
         f"  {'from Python':50}{'µs per call':>12}",
         f"    {'flat TORCH_LIBRARY op':48}{p['flat']:>12.3f}",
         f"    {'opforge struct op, flat call (torch.ops)':48}{p['structured']:>12.3f}",
@@ -163,6 +209,8 @@ def render(results: Results) -> str:
             ("flat op, torch.ops.ns.flatN(x, *leaves)", "flat{}"),
             ("struct op, opforge.ops.ns.structN(x, cfg)", "struct{}"),
             ("same, cfg built in the call", "struct{}_built"))],
+        *([f"    {'stable-ABI struct op, opforge.ops.ns.structN(x, cfg)':48}"
+           f"{' / '.join(format(p['stable' + str(n)], '.3f') for n in LEAVES):>24}"] if "stable1" in p else []),
         f"  {'from Python, fwd + .sum().backward()':50}{'µs per call':>12}",
         f"    {'hand-written torch::autograd::Function op':48}{p['function_bwd']:>12.2f}",
         f"    {'opforge C++ backward, flat call (torch.ops)':48}{p['opforge_bwd']:>12.2f}",
@@ -175,6 +223,12 @@ def render(results: Results) -> str:
         *[f"    {f'  same, struct built in the call, {n} leaves':48}"
           f"{p[f'struct{n}_built'] / p[f'flat{n}']:>11.3f}x   budget <= 1.15x: "
           f"{verdict(p[f'struct{n}_built'] / p[f'flat{n}'], 1.15)}" for n in LEAVES],
+        *[ratio_row(f"stable-ABI struct op / C++ API flat op, {n} leaves", p.get(f"stable{n}"), p[f"flat{n}"],
+                    1.10) for n in LEAVES if f"stable{n}" in p],
+        *[ratio_row(f"  same, from C++ (boxed), {n} leaves", c.get(f"boxed stable struct{n}"),
+                    c.get(f"boxed opforge_bench flat{n}"), 1.10) for n in LEAVES if f"boxed stable struct{n}" in c],
+        *[ratio_row(f"  stable struct op / stable flat op (TORCH_BOX), {n}", c.get(f"boxed stable struct{n}"),
+                    c.get(f"boxed stable flat{n}"), 1.10) for n in LEAVES if f"boxed stable flat{n}" in c],
         f"    {'C++ backward / autograd::Function, from C++':48}{r_cpp:>11.3f}x   budget <= 1.05x: {verdict(r_cpp)}",
         f"    {'C++ backward / autograd::Function, from Python':48}{r_py:>11.3f}x   budget <= 1.05x: {verdict(r_py)}",
     ]
@@ -187,4 +241,9 @@ def section(build_dir: str | None = None, calls: int = 400, repeats: int = 31) -
         library = build(build_dir, quiet=False)
     except (OSError, RuntimeError) as e:
         return f"C++ ops: not measured ({str(e).splitlines()[0]})"
-    return render(measure(library, calls=calls, repeats=repeats))
+    try:
+        stable = build_stable(build_dir, quiet=False)
+    except (OSError, RuntimeError) as e:
+        print(f"  stable-ABI ops: not measured ({str(e).splitlines()[0]})", file=sys.stderr)
+        stable = None
+    return render(measure(library, calls=calls, repeats=repeats, stable_library=stable))

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 #include <vector>
 
 namespace opforge_bench {
@@ -184,6 +185,36 @@ std::vector<double> TimeCpp(int64_t calls, int64_t repeats) {
   return out;
 }
 
+// Median ns per call of each op, called boxed through the dispatcher with a
+// tensor and then zeros for its other (float) arguments: the way to compare
+// a stable-ABI op, whose kernel torch can only call boxed, with a flat op.
+std::vector<double> TimeBoxed(std::vector<std::string> names, int64_t calls, int64_t repeats) {
+  std::vector<c10::OperatorHandle> ops;
+  std::vector<std::vector<c10::IValue>> stacks;
+  for (const auto& name : names) {
+    ops.push_back(c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), ""));
+    std::vector<c10::IValue> stack{at::ones({4})};
+    for (size_t i = 1; i < ops.back().schema().arguments().size(); ++i) stack.emplace_back(static_cast<double>(i));
+    stacks.push_back(std::move(stack));
+  }
+  std::vector<std::vector<double>> samples(ops.size());
+  auto run = [&](size_t c, int64_t n) {
+    return NsPerCall(
+        [&] {
+          std::vector<c10::IValue> stack = stacks[c];
+          ops[c].callBoxed(&stack);
+        },
+        n);
+  };
+  for (size_t c = 0; c < ops.size(); ++c) run(c, calls / 10 + 1);
+  for (int64_t r = 0; r < repeats; ++r) {
+    for (size_t c = 0; c < ops.size(); ++c) samples[c].push_back(run(c, calls));
+  }
+  std::vector<double> out;
+  for (auto& s : samples) out.push_back(Median(s));
+  return out;
+}
+
 }  // namespace opforge_bench
 
 // The flat ops as a kernel library writes them with TORCH_LIBRARY: a schema,
@@ -195,6 +226,7 @@ TORCH_LIBRARY_FRAGMENT(opforge_bench, m) {
   m.def("flat5(Tensor x, float a0, float a1, float a2, float a3, float a4) -> Tensor");
   m.def("flat30(Tensor x, float a0, float a1, float a2, float a3, float a4, float a5, float a6, float a7, float a8, float a9, float a10, float a11, float a12, float a13, float a14, float a15, float a16, float a17, float a18, float a19, float a20, float a21, float a22, float a23, float a24, float a25, float a26, float a27, float a28, float a29) -> Tensor");
   m.def("time_cpp(int calls, int repeats) -> float[]", &opforge_bench::TimeCpp);
+  m.def("time_boxed(str[] names, int calls, int repeats) -> float[]", &opforge_bench::TimeBoxed);
 }
 
 TORCH_LIBRARY_IMPL(opforge_bench, CPU, m) {

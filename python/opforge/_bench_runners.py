@@ -94,8 +94,7 @@ class RunnerLayer(torch.nn.Module):
         super().__init__()
         self.op = op
         self.norm = torch.nn.LayerNorm(dim, device=device)
-        self.runner = Runner(_weight(dim, seed, device))
-        opforge.handles.register(self.runner)
+        self.runner = Runner(_weight(dim, seed, device))  # registered by its __init__: the op is defined
 
     def forward(self, x: Tensor) -> Tensor:
         return x + self.op(self.norm(x), self.runner).relu()

@@ -304,12 +304,12 @@ def _make_boundary(name: str, sig: Signature, model: OpModel, *, duck_structs: b
     """The op's call boundary; raises if a parameter's default does not fit
     its type (`n: int = 1.5`)."""
     classes, enum_values, handle_classes = _classes_of(sig.params, sig.return_types)
-    if handle_classes and not handles_as_ints:
-        handles._decide_trace_time_registration()
     params = [(p.name, p.kw_only, p.default) for p in sig.params]
     boundary = _C.Boundary(name, model.lowered, model.definable_schema, params, EMPTY, classes, enum_values,
                            {} if handles_as_ints else handle_classes, handles.checked, duck_structs)
     boundary.check_defaults()
+    if handle_classes and not handles_as_ints:
+        handles.prepare(handle_classes.values())
     return boundary
 
 

@@ -13,24 +13,45 @@ error, never another object. `pin` keeps an object alive until `unpin`.
 
 Under torch.compile the handle is a graph input, not a constant: N runners
 through one compiled region compile one graph, and a released runner passed
-again works as in eager (docs/handles.md).
+again works as in eager (docs/handles.md). The objects of a class that a
+Handle[...] parameter names register themselves when made or copied, so a
+model's first call may be a compiled one.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import os
 import sys
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from . import _C
 from ._types import registered_name
 
+
+@dataclass(frozen=True)
+class _Entry:
+    """A registered object as the table holds it: `held` is a weakref to it,
+    or the object itself when it cannot be held weakly and was pinned."""
+
+    held: Any
+    handle: int
+
+    @property
+    def ref(self) -> weakref.ref | None:
+        return self.held if isinstance(self.held, weakref.ref) else None
+
+    def target(self) -> Any:
+        return self.held() if isinstance(self.held, weakref.ref) else self.held
+
+
 _lock = threading.RLock()
-_by_id: dict[int, tuple[Any, int]] = {}  # id(obj) -> (weakref or obj, handle)
+_by_id: dict[int, _Entry] = {}  # id(obj) -> its entry
 _pinned: dict[int, Any] = {}  # handle -> obj
 
 # A registered object carries `(handle, weakref to itself)` in this attribute:
@@ -136,14 +157,27 @@ def dynamic(handle: int) -> int:
         self.runner = opforge.handles.dynamic(ext.make_runner(3.0))   # a C++ handle
         int(self.runner) == ...                                       # the same int
 
-    Where the installed torch cannot do that (compile_mode() != 'dynamic_int')
-    this returns the plain int, a constant under torch.compile."""
+    Where the installed torch cannot do that (compile_mode() != 'dynamic_int',
+    torch before 2.10) this warns once and returns the plain int, a constant
+    under torch.compile."""
     if isinstance(handle, bool) or not isinstance(handle, int):
         raise TypeError(f"opforge.handles.dynamic: expected an int handle, got {type(handle).__name__}. "
                         f"Pass the int that opforge.handles.register (or a C++ RegisterHandle) returned.")
     if compile_mode() == "dynamic_int":
         return handle if type(handle) is HandleId else HandleId(handle)
+    _warn_constant_handles()
     return int(handle)
+
+
+@functools.cache
+def _warn_constant_handles() -> None:
+    import warnings
+
+    import torch
+
+    warnings.warn(f"opforge.handles.dynamic: torch {torch.__version__} has no DynamicInt (torch 2.10 has), so an int "
+                  f"handle is a constant under torch.compile: each handle compiles a graph of its own, up to "
+                  f"Dynamo's recompile limit. Runners passed as Handle[...] objects share one graph.", stacklevel=3)
 
 
 def _type_key(cls: type) -> str:
@@ -152,11 +186,7 @@ def _type_key(cls: type) -> str:
 
 def _live(obj: Any) -> int | None:
     entry = _by_id.get(id(obj))
-    if entry is None:
-        return None
-    ref, handle = entry
-    target = ref() if isinstance(ref, weakref.ref) else ref
-    return handle if target is obj else None
+    return entry.handle if entry is not None and entry.target() is obj else None
 
 
 def register(obj: Any) -> int:
@@ -171,7 +201,9 @@ def _register(obj: Any, remember: bool) -> int:
             return handle
         box: list[int] = []
         try:
-            ref = weakref.ref(obj, lambda _r, box=box, key=id(obj): _gone(key, box))
+            # The callback holds _gone itself: at exit this module's globals
+            # may be gone before the object is.
+            ref = weakref.ref(obj, functools.partial(_gone, id(obj), box))
         except TypeError:
             raise TypeError(
                 f"opforge.handles: objects of type {type(obj).__name__} cannot be held weakly. "
@@ -179,7 +211,7 @@ def _register(obj: Any, remember: bool) -> int:
             ) from None
         handle = _C.handle_register(ref, _type_key(type(obj)))
         box.append(handle)
-        _by_id[id(obj)] = (ref, handle)
+        _by_id[id(obj)] = _Entry(ref, handle)
         if remember:
             _remember(obj, handle, ref)
         return handle
@@ -190,7 +222,7 @@ def _remember(obj: Any, handle: int, ref: weakref.ref | None = None) -> None:
     # attribute read, not a lookup in this table.
     if ref is None:
         entry = _by_id.get(id(obj))
-        ref = entry[0] if entry is not None and isinstance(entry[0], weakref.ref) else None
+        ref = entry.ref if entry is not None else None
     if ref is None:
         try:
             ref = weakref.ref(obj)
@@ -222,7 +254,7 @@ def _flush_pending() -> None:
                 _remember(obj, handle)
 
 
-def _gone(key: int, box: list[int], _finalizing=sys.is_finalizing) -> None:
+def _gone(key: int, box: list[int], _ref: weakref.ref, _finalizing=sys.is_finalizing) -> None:
     # At exit the interpreter tears down this module's globals before the
     # last runners die; the table goes with the process, so there is nothing
     # to release (and touching the globals would print "Exception ignored").
@@ -232,7 +264,7 @@ def _gone(key: int, box: list[int], _finalizing=sys.is_finalizing) -> None:
         if box:
             _C.handle_release(box[0])
             entry = _by_id.get(key)
-            if entry is not None and entry[1] == box[0]:
+            if entry is not None and entry.handle == box[0]:
                 del _by_id[key]
 
 
@@ -245,7 +277,7 @@ def pin(obj: Any) -> int:
                 handle = register(obj)
             except TypeError:
                 handle = _C.handle_register(obj, _type_key(type(obj)))
-                _by_id[id(obj)] = (obj, handle)
+                _by_id[id(obj)] = _Entry(obj, handle)
                 _remember(obj, handle)
         _pinned[handle] = obj
         return handle
@@ -257,7 +289,7 @@ def unpin(obj: Any) -> None:
         if handle is not None:
             _pinned.pop(handle, None)
             entry = _by_id.get(id(obj))
-            if entry is not None and not isinstance(entry[0], weakref.ref):
+            if entry is not None and entry.ref is None:
                 release(handle)  # held strongly only because pinned
 
 
@@ -280,7 +312,8 @@ def _retire(obj: Any) -> None:
     if type(entry) is not tuple or len(entry) != 2 or entry[1]() is not obj:
         return
     reservation = _MARKER | (next(_reservation_index) & 0xFFFFFFFF)
-    ref = weakref.ref(obj, lambda _r, key=reservation: _reserved.pop(key, None))
+    # Bound now, as in _register: the callback may run after this module's globals are gone.
+    ref = weakref.ref(obj, lambda _r, key=reservation, drop=_reserved.pop: drop(key, None))
     _reserved[reservation] = ref
     value = HandleId(reservation) if compile_mode() == "dynamic_int" else reservation
     try:
@@ -313,10 +346,10 @@ def release(obj_or_handle: Any) -> bool:
                 return False
         released = _C.handle_release(handle)
         _pinned.pop(handle, None)
-        for key, (ref, h) in list(_by_id.items()):
-            if h == handle:
+        for key, entry in list(_by_id.items()):
+            if entry.handle == handle:
                 del _by_id[key]
-                obj = ref() if isinstance(ref, weakref.ref) else ref
+                obj = entry.target()
                 if obj is not None:
                     _retire(obj)
         return released
@@ -375,6 +408,76 @@ def checked(obj: Any, cls: type, where: str = "") -> Any:
 
 
 # ---------------------------------------------------------------------------
+# Registered when created. Compiled code reads a handle from the object's
+# attribute, so an object must be registered before Dynamo traces a frame that
+# passes it; a model whose first call is compiled passes runners no eager call
+# has seen. So the objects of a handle class register themselves when they are
+# made: by the class's __init__, or as a copy (copy, deepcopy and pickle
+# restore an object's state through __setstate__). Every torch can do that;
+# registering while tracing needs torch 2.12 (_register_at_trace_time).
+# ---------------------------------------------------------------------------
+
+_INSTALLED = "__opforge_registers__"  # marks the methods installed below
+
+
+def _restore_state(obj: Any, state: Any) -> None:
+    """What copy and pickle do with a state for a class without __setstate__."""
+    slots = None
+    if isinstance(state, tuple) and len(state) == 2:
+        state, slots = state
+    if state:
+        obj.__dict__.update(state)
+    for name, value in (slots or {}).items():
+        setattr(obj, name, value)
+
+
+def _adopt(obj: Any) -> None:
+    # A copy carries its original's attribute; registering gives it its own.
+    if _live(obj) is None:
+        try:
+            register(obj)
+        except TypeError:
+            pass  # cannot be held weakly: its user pins it
+
+
+def _registering(method: Any) -> Any:
+    import torch
+
+    compiling = torch.compiler.is_compiling
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        result = method(self, *args, **kwargs)
+        if not compiling():  # made inside a compiled region: registered while tracing
+            _adopt(self)
+        return result
+
+    setattr(wrapper, _INSTALLED, True)
+    return wrapper
+
+
+def register_on_creation(cls: type) -> None:
+    """Makes every `cls` object register itself when its __init__ returns or
+    when it is restored as a copy, and registers those that exist already.
+    @opforge.op does this for each Handle[cls] parameter:
+
+        r = Runner()
+        getattr(r, ATTRIBUTE)          # (handle, weakref to r): compiled code finds it
+
+    A class whose methods cannot be replaced (a C extension type) is left as
+    it is; its objects are registered when an eager call passes them."""
+    with _lock:
+        if getattr(cls.__init__, _INSTALLED, False):
+            return
+        try:
+            cls.__setstate__ = _registering(getattr(cls, "__setstate__", _restore_state))
+            cls.__init__ = _registering(cls.__init__)
+        except (AttributeError, TypeError):
+            return
+        _register_live_instances(cls)
+
+
+# ---------------------------------------------------------------------------
 # Under torch.compile.
 # ---------------------------------------------------------------------------
 
@@ -394,11 +497,15 @@ def traced_handle(obj: Any, cls: type | None = None, where: str = "") -> int:
         return entry[0]
     if _TRACE_TIME_REGISTRATION:
         return _register_at_trace_time(obj, cls, where, owner)
+    import torch
+
     name = type(obj).__name__
     prefix = f"{where}: " if where else ""
     raise RuntimeError(
-        f"{prefix}the {name} passed as a handle inside torch.compile was never registered. "
-        f"Call opforge.handles.register(obj) (or the op once outside torch.compile) first."
+        f"{prefix}the {name} passed as a handle inside torch.compile was never registered: it was not made by "
+        f"{name}.__init__ or copied (those register themselves), and torch {torch.__version__} cannot register "
+        f"it while tracing (torch 2.12 can). Call opforge.handles.register(obj) (or the op once outside "
+        f"torch.compile) first."
     )
 
 
@@ -416,8 +523,7 @@ def _register_at_trace_time(obj: Any, cls: type | None = None, where: str = "", 
         handle = _live(obj)
         if handle is None:
             handle = _register(obj, remember=False)
-        _pending.append((_by_id[id(obj)][0] if isinstance(_by_id[id(obj)][0], weakref.ref)
-                         else weakref.ref(obj), handle))
+        _pending.append((_by_id[id(obj)].ref or weakref.ref(obj), handle))
     _register_live_instances(cls if cls is not None else type(obj), skip=obj)
     return int(handle)
 
@@ -453,8 +559,14 @@ def _dynamo_registers_at_trace_time() -> bool:
 _TRACE_TIME_REGISTRATION: bool | None = None  # decided when the first op with a handle is defined
 
 
+def prepare(classes) -> None:
+    """Called when an op with Handle[cls] parameters of these classes is defined."""
+    _decide_trace_time_registration()
+    for cls in classes:
+        register_on_creation(cls)
+
+
 def _decide_trace_time_registration() -> None:
-    """Called when an op with a handle parameter is defined."""
     global _TRACE_TIME_REGISTRATION
     compile_mode()
     if _TRACE_TIME_REGISTRATION is None:

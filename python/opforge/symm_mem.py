@@ -24,7 +24,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.abc
 import importlib.machinery
+import functools
 import logging
+import os
 import sys
 import threading
 import warnings
@@ -112,6 +114,23 @@ def mode() -> str:
     return _mode
 
 
+@functools.cache
+def lowering_realizes_fixed_buffers() -> bool:
+    """Whether this torch's Inductor makes a buffer whose layout is already
+    fixed a comm buffer (torch 2.11+). opforge's lowering needs it: an op's
+    layout constraint fixes its inputs before the lowering runs. Read from
+    Inductor's source, which declaring an op does not import."""
+    path = os.path.join(os.path.dirname(torch.__file__), "_inductor", "comm_lowering.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return False
+    start = text.find("def can_realize_as_comm_buffer(")
+    end = text.find("\ndef ", start + 1)
+    return start >= 0 and "FixedLayout" in text[start:end if end > 0 else None]
+
+
 # Declaring
 
 def declare(name: str, lowered: Any, names: Sequence[str], *, lib: torch.library.Library | None = None,
@@ -135,6 +154,12 @@ def declare(name: str, lowered: Any, names: Sequence[str], *, lib: torch.library
     problem = _group_name_problem(lowered.flat.arguments)
     if problem is not None:
         warnings.warn(f"{name}: {problem}", UserWarning, stacklevel=stacklevel)
+    if _effective_mode() == "lowering" and not lowering_realizes_fixed_buffers():
+        warnings.warn(f"{name}: symm_mem_args {', '.join(map(repr, resolved))}: torch {torch.__version__}'s "
+                      f"Inductor cannot allocate an argument in symmetric memory once the op's layout constraint "
+                      f"has fixed it (torch 2.11 can), so under torch.compile they get ordinary buffers. Pass "
+                      f"tensors from torch.distributed._symmetric_memory.empty(), or use torch 2.11 or later.",
+                      UserWarning, stacklevel=stacklevel)
     with _lock:
         previous = _C.args_with_tag(name, TAG)
         if lib is not None:

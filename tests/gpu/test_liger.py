@@ -63,7 +63,7 @@ class Case:
 
 
 
-# torch 2.11's AOTAutograd rejects an in-place write into a saved tensor that
+# Before 2.13, AOTAutograd rejects an in-place write into a saved tensor that
 # requires grad ("a leaf Variable that requires grad is being used in an
 # in-place operation") while tracing the backward, before opforge's write
 # analysis runs; torch 2.13+ traces it and opforge warns.
@@ -297,8 +297,9 @@ def test_a_port_whose_kernel_writes_its_input_is_reported(capsys):
     assert "q.clone()" in text
 
 
-@pytest.mark.skipif(not _TRACES_SAVED_INPUT_WRITES, reason="torch 2.11 fails the trace itself with "
-                    "'a leaf Variable that requires grad is being used in an in-place operation'")
+@pytest.mark.skipif(not _TRACES_SAVED_INPUT_WRITES, reason=f"needs torch 2.13 (this is {torch.__version__}): "
+                    "earlier torch fails the trace itself with 'a leaf Variable that requires grad is being used "
+                    "in an in-place operation'")
 def test_rms_norm_backward_writing_its_gradient_in_place_warns(capsys):
     X, W = inputs_for(CASES["rms_norm"], torch.float32)
     f = torch.compile(lambda X, W: P.rms_norm(X, W, in_place=True), backend="inductor", fullgraph=True)

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 from op_testing import fresh_dynamo, graph_breaks, load_test_extension, ns  # noqa: E402,F401
 from runner_models import (CppRunnerLayer, PythonRunnerLayer, compile_layers, compiled_graphs,  # noqa: E402
-                           define_gemm, run)
+                           define_gemm, run, run_uncompiled)
 from torch.testing import assert_close  # noqa: E402
 
 from opforge import handles  # noqa: E402
@@ -73,6 +73,23 @@ def test_64_layers_of_a_python_op_with_runners_replay_in_cuda_graphs(ns):
     calls = [layer.runner.calls for layer in layers]
     assert min(calls) >= 1, "every layer ran its own runner at least once (warm-up or recording)"
     assert max(calls) < STEPS, f"later steps replayed CUDA graphs without running Python: {calls}"
+
+
+def test_a_model_whose_first_call_is_compiled_replays_in_cuda_graphs(ns):
+    # No eager call and no registration by hand: each runner registered
+    # itself when its layer made it, on any torch (2.11 cannot register one
+    # while tracing).
+    gemm = define_gemm(ns)
+    layers = [PythonRunnerLayer(gemm, DIM, seed=i, device="cuda") for i in range(LAYERS)]
+    xs = batches()
+    with torch.no_grad(), fresh_dynamo():
+        compile_layers(layers, mode="reduce-overhead")
+        compiled = compiled_steps(layers, xs)
+        assert compiled_graphs() == 1
+        assert graph_breaks() == 0
+        eager = [run_uncompiled(layers, x) for x in xs]
+    for got, want in zip(compiled, eager):
+        assert_close(got, want, rtol=1e-3, atol=1e-3)
 
 
 def test_a_released_runner_records_again_and_replays_its_own_kernels(ns):

@@ -1,12 +1,15 @@
 """Symmetric-memory arguments on two GPUs of one host (docs/symm_mem.md).
 
 Two ranks compile `f(x) = all_reduce(x * 2 + 1, "sum", group_name)`, where
-`all_reduce` is an opforge op whose `input` is a symm_mem argument and whose
-body is torch's one-shot all-reduce (it reads the peers' buffers directly, so
-its input must be symmetric). Each rank checks the sum, and that Inductor's
-generated code allocates the producer of `input` with `empty_strided_p2p`
-and hands that buffer to the op with no copy in between. On torch 2.13+ this
-goes through torch's native registry, on 2.11 through opforge's lowering.
+`all_reduce` is an op whose `input` is a symm_mem argument and whose body is
+torch's one-shot all-reduce (it reads the peers' buffers directly, so its
+input must be symmetric): a Python op, and the C++ op of the example kernel
+library (examples/kernel_library, `kernels::one_shot_all_reduce`) in its C++
+API build and its stable-ABI build. Each rank checks the sum, and that
+Inductor's generated code allocates the producer of `input` with
+`empty_strided_p2p` and hands that buffer to the op with no copy in between.
+On torch 2.13+ this goes through torch's native registry, on 2.11 through
+opforge's lowering.
 
     python -m pytest tests/gpu/test_symm_mem_gpu.py -v -s
 
@@ -37,11 +40,25 @@ def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def _library(kind: str) -> str:
+    """The example kernel library's path for `kind`, built here (with CUDA)."""
+    if kind == "python":
+        return ""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
+    from cpp_ext import build
+
+    stable = kind == "cpp-stable"
+    folder = build("examples/kernel_library", "kernel_library_stable" if stable else "kernel_library",
+                   *(["KERNELS_STABLE=ON"] if stable else []))
+    return os.path.join(folder, "libopforge_kernels.so")
+
+
 @pytest.mark.skipif(_gpus() < WORLD_SIZE, reason=f"needs {WORLD_SIZE} CUDA GPUs")
-def test_compiled_producer_of_a_symm_mem_argument_is_a_symmetric_buffer(tmp_path):
-    results = _launch(tmp_path)
+@pytest.mark.parametrize("kind", ["python", "cpp", "cpp-stable"])
+def test_compiled_producer_of_a_symm_mem_argument_is_a_symmetric_buffer(tmp_path, kind):
+    results = _launch(tmp_path, kind, _library(kind))
     for r in results:
-        print(f"rank {r['rank']}: torch {r['torch']}, path {r['path']}, max error {r['max_error']}, "
+        print(f"{kind} rank {r['rank']}: torch {r['torch']}, path {r['path']}, max error {r['max_error']}, "
               f"eager max error {r['eager_max_error']}")
         print(f"  allocation: {r['p2p_line']}")
         print(f"  producer:   {r['producer_line']}")
@@ -57,7 +74,7 @@ def test_compiled_producer_of_a_symm_mem_argument_is_a_symmetric_buffer(tmp_path
         assert not r["copies"], r["code"]
 
 
-def _launch(tmp_path) -> list[dict]:
+def _launch(tmp_path, kind: str, library: str) -> list[dict]:
     port = _free_port()
     procs = []
     for rank in range(WORLD_SIZE):
@@ -66,7 +83,7 @@ def _launch(tmp_path) -> list[dict]:
                    TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0")
         procs.append(subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--rank", str(rank), "--port", str(port),
-             "--out", str(tmp_path)],
+             "--out", str(tmp_path), "--kind", kind, "--library", library],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = []
     try:
@@ -89,7 +106,7 @@ def _free_port() -> int:
 
 # One rank (this file run as a script)
 
-def _rank_main(rank: int, port: int, out_dir: str) -> None:
+def _rank_main(rank: int, port: int, out_dir: str, kind: str, library: str) -> None:
     for key, value in NO_MULTICAST.items():
         assert os.environ.get(key) == value, f"{key} must be {value} before CUDA starts"
     import torch.distributed as dist
@@ -109,14 +126,26 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
     if not getattr(enable, "__deprecated__", None):  # torch that still needs it
         enable(group_name)
 
-    def fake(input: Tensor, reduce_op: str, group_name: str) -> Tensor:
-        return torch.empty_like(input)
+    if kind == "python":
+        op = OP
 
-    @opforge.op(OP, fake=fake, symm_mem_args=("input",))
-    def all_reduce(input: Tensor, reduce_op: str, group_name: str) -> Tensor:
-        return torch.ops.symm_mem.one_shot_all_reduce(input, reduce_op, group_name)
+        def fake(input: Tensor, reduce_op: str, group_name: str) -> Tensor:
+            return torch.empty_like(input)
 
-    assert opforge.symm_mem.symm_mem_args(OP) == ["input"], "symm_mem_args= did not reach the registry"
+        @opforge.op(OP, fake=fake, symm_mem_args=("input",))
+        def all_reduce(input: Tensor, reduce_op: str, group_name: str) -> Tensor:
+            return torch.ops.symm_mem.one_shot_all_reduce(input, reduce_op, group_name)
+    else:
+        # The C++ op: its tags reach torch's registry (or opforge's lowering)
+        # when the library loads, whatever was imported before.
+        op = "kernels::one_shot_all_reduce"
+        opforge.load_library(library)
+        cfg = opforge.structs.kernels.ReduceCfg
+
+        def all_reduce(input: Tensor, reduce_op: str, group_name: str) -> Tensor:
+            return opforge.ops.kernels.one_shot_all_reduce(input, cfg(reduce_op), group_name)
+
+    assert opforge.symm_mem.symm_mem_args(op) == ["input"], "symm_mem_args did not reach the registry"
 
     # Compiled: Inductor must allocate x * 2 + 1 symmetrically.
     def f(x: Tensor) -> Tensor:
@@ -141,18 +170,19 @@ def _rank_main(rank: int, port: int, out_dir: str) -> None:
         "rank": rank,
         "torch": torch.__version__,
         "has_native_registry": opforge.symm_mem.has_native_registry(),
-        "path": opforge.symm_mem.handled_by(OP),
+        "kind": kind,
+        "path": opforge.symm_mem.handled_by(op),
         "group_name": group_name,
         "eager_max_error": eager_error,
         "max_error": (out - want).abs().max().item(),
-        **_inspect(code),
+        **_inspect(code, op),
         "code": code,
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f_out:
         json.dump(report, f_out)
 
 
-def _inspect(code: str) -> dict:
+def _inspect(code: str, op: str) -> dict:
     """What the output code does with the symmetric buffer:
 
         buf0 = empty_strided_p2p((8, 128), (128, 1), torch.float32, ..., group_name="0", alloc_id=...)
@@ -161,7 +191,7 @@ def _inspect(code: str) -> dict:
     """
     allocs = re.findall(r"^\s*((\w+) = empty_strided_p2p\(.*\))\s*$", code, re.M)
     p2p_line, p2p = allocs[0] if allocs else ("", "")
-    op_call = re.search(r"^\s*(.*torch\.ops\." + OP.replace("::", r"\.") + r"\.default\((\w+).*)$", code, re.M)
+    op_call = re.search(r"^\s*(.*torch\.ops\." + op.replace("::", r"\.") + r"\.default\((\w+).*)$", code, re.M)
     producer = re.search(r"^\s*(\w+\.run\(.*\b" + re.escape(p2p) + r"\b.*)$", code, re.M) if p2p else None
     producer_line = producer.group(1) if producer else ""
     call_args = producer_line[producer_line.find("(") + 1:]
@@ -184,5 +214,7 @@ if __name__ == "__main__":
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--kind", default="python")
+    parser.add_argument("--library", default="")
     args = parser.parse_args()
-    _rank_main(args.rank, args.port, args.out)
+    _rank_main(args.rank, args.port, args.out, args.kind, args.library)

@@ -65,6 +65,13 @@ def both_paths(fn, *args, **kwargs):
     return fast, slow
 
 
+def needs_torch(version: str, what: str, available: bool):
+    """Skips a test of something torch offers from `version` on, saying so:
+    needs_torch("2.13", "the native symm-mem registry", False) skips with
+    'needs torch 2.13 (this is 2.12.1+cu130): the native symm-mem registry'."""
+    return pytest.mark.skipif(not available, reason=f"needs torch {version} (this is {torch.__version__}): {what}")
+
+
 def graph_breaks() -> int:
     from torch._dynamo.utils import counters
 

@@ -102,6 +102,13 @@ def run(layers, x: Tensor) -> Tensor:
     return x
 
 
+def run_uncompiled(layers, x: Tensor) -> Tensor:
+    """`run` through each layer's own forward, not its compiled call."""
+    for layer in layers:
+        x = layer.forward(x)
+    return x
+
+
 def compile_layers(layers, **options) -> None:
     """Regional compilation: every layer instance compiled on its own."""
     for layer in layers:

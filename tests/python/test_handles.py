@@ -11,7 +11,7 @@ from typing import Optional
 
 import pytest
 import torch
-from op_testing import fast_path, fresh_dynamo, graph_breaks, ns, path  # noqa: F401
+from op_testing import fast_path, fresh_dynamo, graph_breaks, needs_torch, ns, path  # noqa: F401
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opforge
@@ -100,6 +100,62 @@ def test_the_table_holds_objects_weakly(ns):
         getattr(torch.ops, ns).gemm(torch.ones(1), h)
 
 
+def owner_of(obj):
+    """The object a registered object's attribute points back at."""
+    return getattr(obj, handles.ATTRIBUTE)[1]()
+
+
+def test_objects_of_a_handle_class_register_themselves_when_made_or_copied(ns):
+    class Made:
+        def __init__(self, k):
+            self.k = k
+
+    earlier = Made(1.0)  # exists before any op names the class
+
+    @opforge.op(f"{ns}::made")
+    def made(x: Tensor, m: opforge.Handle[Made]) -> Tensor:
+        return x * m.k
+
+    assert owner_of(earlier) is earlier
+    gc.collect()
+    count = handles.count()
+    m = Made(2.0)
+    assert handles.count() == count + 1 and owner_of(m) is m
+    for twin in (copy.copy(m), copy.deepcopy(m)):
+        assert owner_of(twin) is twin and twin.k == 2.0
+        assert handles.register(twin) not in (handles.register(m), handles.register(earlier))
+    assert made(torch.ones(1), m).item() == 2.0
+
+
+def test_registering_on_creation_keeps_the_class_own_init_and_setstate(ns):
+    class Base:
+        def __init__(self, k):
+            self.k = k
+
+        def __setstate__(self, state):
+            self.__dict__.update(state, restored=True)
+
+    class Derived(Base):
+        pass
+
+    @opforge.op(f"{ns}::base")
+    def base(x: Tensor, b: opforge.Handle[Base]) -> Tensor:
+        return x * b.k
+
+    d = Derived(3.0)
+    assert owner_of(d) is d and d.k == 3.0
+    twin = copy.deepcopy(d)
+    assert twin.restored is True and owner_of(twin) is twin
+    assert Base.__init__.__name__ == "__init__" and Base.__init__.__wrapped__(d, 4.0) is None and d.k == 4.0
+
+
+def test_classes_whose_methods_cannot_be_replaced_are_left_as_they_are():
+    init = torch.Generator.__init__
+    handles.register_on_creation(torch.Generator)
+    assert torch.Generator.__init__ is init
+    assert not hasattr(torch.Generator(), handles.ATTRIBUTE)
+
+
 def test_pin_keeps_an_object_alive_until_unpin(ns):
     r = Runner(2.0)
     h = handles.pin(r)
@@ -172,11 +228,9 @@ def test_registration_is_idempotent_and_thread_safe():
     assert len(set(out)) == 1 and out[0] == handles.register(r)
 
 
-registers_at_trace_time = pytest.mark.skipif(
-    not handles._dynamo_registers_at_trace_time(),
-    reason="this torch's Dynamo cannot call a function on the object while tracing; runners must be "
-    "registered before torch.compile there (the attribute fallback, tested below)",
-)
+registers_at_trace_time = needs_torch("2.12", "registering a runner made without its __init__ while Dynamo "
+                                      "traces (the attribute fallback is tested below)",
+                                      handles._dynamo_registers_at_trace_time())
 
 
 @registers_at_trace_time
@@ -216,19 +270,27 @@ def test_handles_compile_with_inductor(ns):
         assert graph_breaks() == 0
 
 
-def test_the_attribute_fallback_reads_registered_handles_under_compile(ns, monkeypatch):
+def test_without_trace_time_registration_runners_made_or_copied_outside_compile_are_read_from_their_attribute(
+        ns, monkeypatch):
     # Where Dynamo cannot call a function on the object at trace time, the
-    # handle is read from an attribute set at registration (or by an eager call).
+    # handle is read from the attribute that registration set: when the
+    # runner was made (its __init__) or copied (its __setstate__).
     gemm, seen = gemm_op(f"{ns}::gemm")
     monkeypatch.setattr(handles, "_TRACE_TIME_REGISTRATION", False)
-    r, fresh = Runner(2.0), Runner(5.0)
-    with fast_path(True):
-        gemm(torch.ones(1), r)  # the eager fast path registers it
+    r = Runner(2.0)
+    twin = copy.copy(r)
+    twin.k = 7.0
+    bare = Runner.__new__(Runner)  # made without __init__: nothing registered it
+    bare.k, bare.calls = 5.0, 0
     with fresh_dynamo():
         compiled = torch.compile(lambda x, r: gemm(x, r), fullgraph=True, backend="eager")
         assert compiled(torch.ones(1), r).item() == 2.0
-        with pytest.raises(Exception, match="was never registered"):
-            compiled(torch.ones(1), fresh)
-        twin = copy.copy(r)
-        with pytest.raises(Exception, match="was never registered"):
-            compiled(torch.ones(1), twin)
+        assert compiled(torch.ones(1), twin).item() == 7.0
+        with pytest.raises(Exception, match=r"the Runner passed as a handle inside torch.compile was never "
+                                            r"registered: it was not made by Runner.__init__ or copied \(those "
+                                            r"register themselves\), and torch 2\.\d+\S* cannot register it "
+                                            r"while tracing \(torch 2.12 can\)"):
+            compiled(torch.ones(1), bare)
+        handles.register(bare)
+        assert compiled(torch.ones(1), bare).item() == 5.0
+    assert seen["runner"] is bare

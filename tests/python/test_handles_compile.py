@@ -9,23 +9,22 @@ import gc
 
 import pytest
 import torch
-from op_testing import fresh_dynamo, graph_breaks, load_test_extension, ns  # noqa: F401
+from op_testing import fresh_dynamo, graph_breaks, load_test_extension, needs_torch, ns  # noqa: F401
 from runner_models import (CppRunnerLayer, GemmRunner, PythonRunnerLayer, compile_layers, compiled_graphs,
-                           define_gemm, run)
+                           define_gemm, run, run_uncompiled)
 from torch.testing import assert_close
 
 from opforge import handles
 
 DIM = 8
 
-# torch 2.11's Dynamo cannot call a function on an object while tracing, so a
-# runner must be registered (or called once eagerly) before torch.compile
-# meets it (docs/handles.md, "torch versions").
-registers_at_trace_time = pytest.mark.skipif(
-    not handles._dynamo_registers_at_trace_time(),
-    reason="this torch's Dynamo cannot register a runner while tracing; runners must be registered before "
-    "torch.compile (the registered cases run)",
-)
+# Before torch 2.12 Dynamo cannot call a function on an object while tracing,
+# so a runner made without its __init__ (GemmRunner.__new__, as fresh_runner
+# does) must be registered before torch.compile meets it (docs/handles.md,
+# "Which torch does what").
+registers_at_trace_time = needs_torch("2.12", "registering a runner made without its __init__ while Dynamo "
+                                      "traces (runners made by __init__ or copied are tested everywhere)",
+                                      handles._dynamo_registers_at_trace_time())
 
 
 def layers_of(gemm, n, register=False):
@@ -45,10 +44,10 @@ def compile_mode(monkeypatch):
 
     def use(mode: str):
         if mode == "dynamic_int" and handles._detect_mode() != "dynamic_int":
-            pytest.skip("this torch has no DynamicInt")
+            pytest.skip(f"needs torch 2.10 (this is {torch.__version__}): torch.fx's DynamicInt")
         monkeypatch.setattr(handles, "_MODE", mode)
+        torch.compiler.config.dynamic_sources = ""  # as a torch that offers no other way would have it
         if mode == "dynamic_sources":
-            torch.compiler.config.dynamic_sources = ""
             handles._install_dynamic_source_pattern()
 
     yield use
@@ -56,7 +55,8 @@ def compile_mode(monkeypatch):
 
 
 def fresh_runner(runner: GemmRunner) -> GemmRunner:
-    """The same plan in a runner that was never registered."""
+    """The same plan in a runner that was never registered (made without
+    __init__, which would register it)."""
     fresh = GemmRunner.__new__(GemmRunner)
     fresh.plan, fresh.calls = runner.plan, 0
     return fresh
@@ -82,6 +82,26 @@ def test_24_layers_each_with_its_own_runner_compile_to_at_most_two_graphs(ns, re
     assert [layer.runner.calls for layer in layers] == [2] * 24  # each layer ran its own runner
 
 
+@pytest.mark.parametrize("trace_time", [True, False], ids=["this-torch", "no-trace-time-registration"])
+def test_a_model_whose_first_call_is_compiled_compiles_one_graph_on_every_torch(ns, monkeypatch, trace_time):
+    # The runners are made with the layers and never passed eagerly nor
+    # registered by hand; without trace-time registration is how torch
+    # before 2.12 runs.
+    if not trace_time:
+        monkeypatch.setattr(handles, "_TRACE_TIME_REGISTRATION", False)
+    gemm = define_gemm(ns)
+    layers = layers_of(gemm, 24)
+    x = inputs()
+    with torch.no_grad(), fresh_dynamo():
+        compile_layers(layers, backend="eager")
+        compiled = run(layers, x)
+        assert compiled_graphs() == 1
+        assert graph_breaks() == 0
+        assert [layer.runner.calls for layer in layers] == [1] * 24
+        eager = run_uncompiled(layers, x)
+    assert_close(compiled, eager)
+
+
 def test_24_layers_with_inductor_compile_once_and_match_eager(ns):
     gemm = define_gemm(ns)
     layers = layers_of(gemm, 24)
@@ -94,6 +114,8 @@ def test_24_layers_with_inductor_compile_once_and_match_eager(ns):
     assert_close(compiled, eager)
 
 
+@needs_torch("2.10", "DynamicInt, which makes a C++ handle held by a module a graph input",
+             handles.compile_mode() == "dynamic_int")
 def test_24_layers_of_a_cpp_op_with_a_handle_compile_to_at_most_two_graphs():
     ext = load_test_extension()
     layers = [CppRunnerLayer(ext, DIM, factor=0.5 + i / 24) for i in range(24)]
@@ -159,7 +181,6 @@ def test_a_released_runner_in_a_compiled_model_gets_a_new_handle_without_recompi
     assert handles.register(layers[3].runner) != old
 
 
-@registers_at_trace_time
 def test_a_new_runner_assigned_to_a_compiled_layer_is_the_one_called(ns):
     gemm = define_gemm(ns)
     layers = layers_of(gemm, 4, register=True)
@@ -170,12 +191,11 @@ def test_a_new_runner_assigned_to_a_compiled_layer_is_the_one_called(ns):
         old = layers[1].runner
         layers[1].runner = GemmRunner(torch.eye(DIM))  # never registered
         compiled = run(layers, x)
-        assert compiled_graphs() <= 2
+        assert compiled_graphs() == 1
     assert layers[1].runner.calls == 1 and old.calls == 1
     assert_close(compiled, run(layers, x))
 
 
-@registers_at_trace_time
 def test_copies_of_registered_runners_get_their_own_handles_under_compile(ns):
     # deepcopy of a model copies each runner with its original's attribute:
     # the copies must never run the originals, nor compile one graph each.
@@ -188,14 +208,13 @@ def test_copies_of_registered_runners_get_their_own_handles_under_compile(ns):
     with torch.no_grad(), fresh_dynamo():
         compile_layers(copies, backend="eager")
         compiled = run(copies, x)
-        assert compiled_graphs() <= 2
+        assert compiled_graphs() == 1
     assert [layer.runner.calls for layer in layers] == [0] * 12
     assert [layer.runner.calls for layer in copies] == [1] * 12
     assert_close(compiled, run(copies, x))
     assert len({handles.register(layer.runner) for layer in layers + copies}) == 24
 
 
-@registers_at_trace_time
 def test_copies_of_runners_that_are_gone_compile_too(ns):
     gemm = define_gemm(ns)
     template = PythonRunnerLayer(gemm, DIM, seed=0, register=True)
@@ -206,7 +225,7 @@ def test_copies_of_runners_that_are_gone_compile_too(ns):
     with torch.no_grad(), fresh_dynamo():
         compile_layers(layers, backend="eager")
         compiled = run(layers, x)
-        assert compiled_graphs() <= 2
+        assert compiled_graphs() == 1
     assert [layer.runner.calls for layer in layers] == [1] * 8
     assert_close(compiled, run(layers, x))
 
@@ -262,6 +281,16 @@ def test_without_trace_time_registration_registered_runners_still_compile_once(n
         compiled = run(layers, x)
         assert compiled_graphs() <= (1 if handles.compile_mode() != "constant" else 12)
     assert_close(compiled, eager)
+
+
+@pytest.mark.parametrize("mode", ["dynamic_sources", "constant"])
+def test_dynamic_warns_when_made_where_an_int_handle_is_a_constant_to_compiled_code(compile_mode, mode):
+    compile_mode(mode)
+    handles._warn_constant_handles.cache_clear()
+    with pytest.warns(UserWarning, match=r"opforge.handles.dynamic: torch \S+ has no DynamicInt \(torch 2.10 has\), "
+                                         r"so an int handle is a constant under torch.compile"):
+        assert handles.dynamic(12345) == 12345
+    handles._warn_constant_handles.cache_clear()
 
 
 def test_dynamic_handles_print_and_compare_as_plain_ints():

@@ -15,13 +15,14 @@ import os
 import re
 import subprocess
 import sys
+import inspect
 import textwrap
 import warnings
 from dataclasses import dataclass
 
 import pytest
 import torch
-from op_testing import ns  # noqa: F401
+from op_testing import needs_torch, ns  # noqa: F401
 from torch._inductor.utils import fresh_cache, run_and_get_code
 
 import opforge
@@ -30,7 +31,7 @@ from opforge import _C, symm_mem
 Tensor = torch.Tensor
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NATIVE = symm_mem.has_native_registry()
-needs_native = pytest.mark.skipif(not NATIVE, reason="torch has no native symm-mem registry (2.13+)")
+needs_native = needs_torch("2.13", "the native symm-mem registry", NATIVE)
 # Inductor's message when asked to allocate a comm buffer on CPU: proof that it
 # tried (torch 2.15 says "accelerator device" where earlier releases say "CUDA").
 COMM_BUFFER_ON_CPU = re.compile(r"Comm buffer requires a valid (CUDA|accelerator) device")
@@ -66,7 +67,7 @@ def defined(ns):
 def path(request):
     """Runs a test through torch's registry and through opforge's lowering."""
     if request.param == "native" and not NATIVE:
-        pytest.skip("torch has no native symm-mem registry (2.13+)")
+        pytest.skip(f"needs torch 2.13 (this is {torch.__version__}): the native symm-mem registry")
     previous = symm_mem.set_mode(request.param)
     yield request.param
     symm_mem.set_mode(previous)
@@ -198,11 +199,41 @@ def test_a_group_name_that_is_not_a_string_warns(defined):
         declare(defined(ar, "ar"), ["input"])
 
 
-def test_a_str_group_name_does_not_warn(defined):
+def test_a_str_group_name_does_not_warn(defined, monkeypatch):
+    monkeypatch.setattr(symm_mem, "lowering_realizes_fixed_buffers", lambda: True)  # as on torch 2.11+
     op = all_reduce_op(defined)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         declare(op, ["input"])
+
+
+@pytest.mark.parametrize("realizes", [True, False], ids=["torch-2.11+", "torch-2.10"])
+def test_declaring_says_when_this_torch_cannot_allocate_the_arguments_under_compile(defined, monkeypatch,
+                                                                                     realizes):
+    monkeypatch.setattr(symm_mem, "lowering_realizes_fixed_buffers", lambda: realizes)
+    previous = symm_mem.set_mode("lowering")
+    try:
+        op = all_reduce_op(defined)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            declare(op, ["input"])
+    finally:
+        symm_mem.set_mode(previous)
+    messages = [str(w.message) for w in caught]
+    if realizes:
+        assert messages == []
+    else:
+        assert messages == [f"{op.name}: symm_mem_args 'input': torch {torch.__version__}'s Inductor cannot allocate "
+                            f"an argument in symmetric memory once the op's layout constraint has fixed it (torch "
+                            f"2.11 can), so under torch.compile they get ordinary buffers. Pass tensors from "
+                            f"torch.distributed._symmetric_memory.empty(), or use torch 2.11 or later."]
+
+
+def test_this_torch_is_read_right_about_fixed_buffers():
+    from torch._inductor import comm_lowering
+
+    assert symm_mem.lowering_realizes_fixed_buffers() is ("FixedLayout" in inspect.getsource(
+        comm_lowering.can_realize_as_comm_buffer))
 
 
 def test_arg_tags_shows_every_tag_of_the_generic_registry(defined):
@@ -300,7 +331,8 @@ def test_ops_registered_with_torch_directly_are_reported(ns):
     lib._destroy()
 
 
-@pytest.mark.skipif(NATIVE, reason="torch has the native registry")
+@pytest.mark.skipif(NATIVE, reason=f"torch {torch.__version__} has the native registry: the error is for torch "
+                                   f"before 2.13")
 def test_native_mode_needs_the_native_registry():
     with pytest.raises(RuntimeError, match="has no native symm-mem registry.*Use 'auto' or 'lowering'"):
         symm_mem.set_mode("native")
@@ -413,6 +445,10 @@ def cpu_comm_buffers(monkeypatch):
     monkeypatch.setattr(symm_mem, "_COMM_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
 
 
+realizes_fixed_buffers = needs_torch("2.11", "Inductor making a buffer with a fixed layout a comm buffer",
+                                     symm_mem.lowering_realizes_fixed_buffers())
+
+
 def assert_realized_as_comm_buffer(fn, *args):
     try:
         _, code = compile_and_code(fn, *args)
@@ -422,12 +458,14 @@ def assert_realized_as_comm_buffer(fn, *args):
         assert "empty_strided_p2p(" in code
 
 
+@realizes_fixed_buffers
 def test_the_tagged_producer_becomes_a_comm_buffer(defined, path, cpu_comm_buffers):
     op = all_reduce_op(defined)
     declare(op, ["input"])
     assert_realized_as_comm_buffer(lambda t: op(t * 2 + 1, "sum", "0"), torch.ones(8))
 
 
+@realizes_fixed_buffers
 def test_every_item_of_a_tagged_tensor_list_becomes_a_comm_buffer(defined, path, cpu_comm_buffers):
     def gather(xs: list[Tensor], group_name: str) -> Tensor:
         return torch.cat(xs)
@@ -528,3 +566,14 @@ def test_the_decorator_declares_symm_mem_args(ns):
         assert symm_mem.handled_by(ar.name) == ("native" if NATIVE else "lowering")
     finally:
         symm_mem.forget(ar.name)
+
+
+@realizes_fixed_buffers
+def test_a_cpp_ops_tagged_producer_becomes_a_comm_buffer(path, cpu_comm_buffers):
+    # tests/cpp_ext: opforge_ext::all_reduce(Tensor x, str reduce_op, str group_name), .symm_mem_args({"x"}).
+    from cpp_ext import load
+
+    ext = load()
+    assert symm_mem.symm_mem_args("opforge_ext::all_reduce") == ["x"]
+    assert symm_mem.handled_by("opforge_ext::all_reduce") == path
+    assert_realized_as_comm_buffer(lambda t: ext.all_reduce(t * 2 + 1, "sum", "0"), torch.ones(8))

@@ -302,7 +302,8 @@ def test_every_detection_form_computes_the_sum_eagerly(interp, form):
     if form == "add_autotuned":
         pytest.skip("autotuning over several configs benchmarks them, which needs a GPU driver")
     if form == "add_user_wrapped" and not _wrap_triton_accepts_interpreted_kernels(interp[0]):
-        pytest.skip("this torch's wrap_triton rejects interpreter-mode kernels; the GPU tests run this form")
+        pytest.skip(f"needs torch 2.13 (this is {torch.__version__}): wrap_triton accepting interpreter-mode "
+                    f"kernels; the GPU tests run this form")
     _, ops = interp
     op, reference = ops[form]
     x, y = xy()

@@ -109,6 +109,67 @@ typedef struct OpforgeLibraryV1 {
   OpforgeBackendV1 backend;
 } OpforgeLibraryV1;
 
+/* A C++ backward of a library on torch's stable ABI, which has no autograd:
+ * opforge's torch layer (built for the running torch) wires it as the op's
+ * autograd kernel and calls these. Tensors cross as torch's stable tensor
+ * handles (AtenTensorHandle, here void*). */
+
+/* Flat values of one call, read-only: the op's inputs, its outputs, or the
+ * outputs' gradients. A tensor comes back as a new handle the caller owns,
+ * NULL for None or an undefined tensor. */
+typedef struct OpforgeValuesV1 {
+  void* self;
+  size_t (*size)(void* self);
+  int32_t (*is_none)(void* self, size_t i);
+  int64_t (*to_int)(void* self, size_t i);
+  double (*to_double)(void* self, size_t i);
+  int32_t (*to_bool)(void* self, size_t i);
+  /* Copies up to `capacity` bytes; returns the string's length. */
+  size_t (*to_string)(void* self, size_t i, char* out, size_t capacity);
+  size_t (*list_size)(void* self, size_t i);
+  int64_t (*int_at)(void* self, size_t i, size_t j);
+  double (*double_at)(void* self, size_t i, size_t j);
+  void* (*tensor)(void* self, size_t i);
+  void* (*tensor_at)(void* self, size_t i, size_t j);
+  /* The device type code (c10::DeviceType); *index gets the device index. */
+  int32_t (*device)(void* self, size_t i, int32_t* index);
+} OpforgeValuesV1;
+
+/* torch's autograd context, as setup and backward see it. */
+typedef struct OpforgeAutogradCtxV1 {
+  void* self;
+  void (*save_for_backward)(void* self, void* const* tensors, size_t n); /* borrowed handles */
+  size_t (*num_saved)(void* self);
+  void* (*saved)(void* self, size_t i); /* a new handle */
+  /* Whether parameter `param` of the kernel has a tensor that needs a gradient. */
+  int32_t (*needs_input_grad)(void* self, size_t param);
+  void (*set_materialize_grads)(void* self, int32_t value);
+  void (*mark_non_differentiable)(void* self, void* const* tensors, size_t n);
+  /* The library's own state (its saved_data), kept until the graph node dies. */
+  void* (*state)(void* self);
+  void (*set_state)(void* self, void* state, void (*destroy)(void*));
+  /* For messages: "mylib::op", and the kernel's parameter names. */
+  const char* (*op_name)(void* self);
+  const char* (*param_name)(void* self, size_t param);
+} OpforgeAutogradCtxV1;
+
+/* Where backward puts its gradients: one per tensor of each flat tensor
+ * argument (`count` of them for argument `arg`). */
+typedef struct OpforgeGradsV1 {
+  void* self;
+  size_t (*count)(void* self, size_t arg);
+  void (*set)(void* self, size_t arg, size_t j, void* tensor); /* takes the handle */
+} OpforgeGradsV1;
+
+typedef struct OpforgeStableAutogradV1 {
+  uint32_t size; /* sizeof(OpforgeStableAutogradV1) */
+  /* After the forward, with the op's flat inputs and outputs. Returns NULL,
+   * or an error message allocated with malloc. */
+  char* (*setup)(const OpforgeAutogradCtxV1* ctx, const OpforgeValuesV1* inputs, const OpforgeValuesV1* outputs);
+  /* The outputs' gradients in (`grads`), the inputs' gradients out. */
+  char* (*backward)(const OpforgeAutogradCtxV1* ctx, const OpforgeValuesV1* grads, const OpforgeGradsV1* out);
+} OpforgeStableAutogradV1;
+
 typedef struct OpforgeAbiV1 {
   uint32_t size; /* sizeof(OpforgeAbiV1) */
   /* Declares the block's types under its namespace, lowers its schemas and

@@ -340,10 +340,10 @@ struct UnstableMode {
     return backend.Keep(detail::MakeKernel(fn));
   }
   template <class G, class Sig>
-  static void* Autograd() {
+  static void SetAutograd(LibraryPlan& plan, const std::string& op) {
     static_assert(IsComplete<AutogradRegistrar<G, Sig>>::value,
                   "opforge: include <opforge/backward.h> to declare a C++ backward.");
-    return reinterpret_cast<void*>(static_cast<AutogradRegistrarFn>(&AutogradRegistrar<G, Sig>::Register));
+    plan.SetAutograd(op, reinterpret_cast<void*>(static_cast<AutogradRegistrarFn>(&AutogradRegistrar<G, Sig>::Register)));
   }
   static std::string Key(c10::DeviceType device) { return KeyName(device); }
   static std::string Key(c10::DispatchKey key) { return KeyName(key); }

@@ -145,6 +145,14 @@ void InplaceKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
   }
 }
 
+}  // namespace
+
+namespace detail {
+void WireStableAutograd(const LibraryOp& op);  // stable_autograd.cc
+}  // namespace detail
+
+namespace {
+
 // Kernels the torch layer gives the ops of C++ libraries (LibraryOp), by op.
 std::mutex& LibraryKernelsMutex() {
   static std::mutex mu;
@@ -188,7 +196,9 @@ void OnLibraryOp(const LibraryOp& lib_op) {
                                             torch::CppFunction::makeFromBoxedFunction<&InplaceKernel>()));
     InplaceKernels().push_back(std::move(lib));
   }
-  if (!lib_op.has_cpp_autograd && lib_op.torch_layer_autograd == nullptr && !HasAutogradKernel(*op)) {
+  if (lib_op.torch_layer_autograd != nullptr) {
+    detail::WireStableAutograd(lib_op);
+  } else if (!lib_op.has_cpp_autograd && !HasAutogradKernel(*op)) {
     const std::string message =
         lib_op.name + ": a gradient was requested through this op, but it has no backward. Declare one in C++ "
         "(m.def(...).autograd<G>()) or from Python (opforge.ops." + ns + "." + name +

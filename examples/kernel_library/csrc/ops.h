@@ -6,7 +6,10 @@
 
 #include <opforge/opforge.h>
 
+#include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace kernels {
 
@@ -44,6 +47,26 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad, const Tens
                                                   const NormCfg& cfg);
 void act_and_mul_cuda(Tensor& out, const Tensor& input, const ActCfg& cfg);
 #endif
+
+// Per-row scales held by C++ and passed to ops as a runner handle
+// (docs/handles.md): out[i] = x[i] * table.scales[rows[i]], clamped.
+struct ScaleTable {
+  std::vector<double> scales;
+};
+int64_t make_scale_table(const std::vector<double>& scales);
+void scale_rows_cpu(Tensor& out, const Tensor& x, opforge::Handle<ScaleTable> table, const std::vector<int64_t>& rows,
+                    std::optional<double> clamp);
+
+// A one-shot all-reduce whose input must live in symmetric memory
+// (docs/symm_mem.md): torch's own symm_mem::one_shot_all_reduce, called
+// through the dispatcher. Under torch.compile, Inductor allocates the
+// producer of `input` as a symmetric buffer.
+struct ReduceCfg {
+  std::string reduce_op = "sum";
+};
+OPFORGE_STRUCT(ReduceCfg, reduce_op);
+Tensor one_shot_all_reduce(const Tensor& input, const ReduceCfg& cfg, const std::string& group_name);
+Tensor one_shot_all_reduce_meta(const Tensor& input, const ReduceCfg& cfg, const std::string& group_name);
 
 // The functional norm: a new output, and a C++ backward (torch_bindings.cc).
 Tensor rms_norm_fn(const Tensor& input, const Tensor& weight, const NormCfg& cfg);

@@ -17,7 +17,7 @@
 #endif
 
 #if defined(OPFORGE_WITH_CUDA) && !defined(OPFORGE_STABLE_ABI)
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace kernels {
@@ -27,6 +27,14 @@ inline Tensor EmptyLike(const Tensor& t) {
   return torch::stable::empty_like(t);
 #else
   return at::empty_like(t);
+#endif
+}
+
+inline Tensor Contiguous(const Tensor& t) {
+#ifdef OPFORGE_STABLE_ABI
+  return torch::stable::contiguous(t);
+#else
+  return t.contiguous();
 #endif
 }
 
@@ -61,7 +69,7 @@ inline void* CurrentStream(const Tensor& t) {
   TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(t.get_device_index(), &stream));
   return stream;
 #else
-  return at::cuda::getCurrentCUDAStream(t.get_device()).stream();
+  return c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
 #endif
 }
 #endif

@@ -14,6 +14,12 @@ Tensor rms_norm_fn(const Tensor& input, const Tensor& weight, const NormCfg& cfg
   return out;
 }
 
+Tensor one_shot_all_reduce(const Tensor& input, const ReduceCfg& cfg, const std::string& group_name) {
+  return opforge::Call<Tensor>("symm_mem::one_shot_all_reduce", input, cfg.reduce_op, group_name);
+}
+
+Tensor one_shot_all_reduce_meta(const Tensor& input, const ReduceCfg&, const std::string&) { return EmptyLike(input); }
+
 Tensor rms_norm_fn_meta(const Tensor& input, const Tensor&, const NormCfg&) { return EmptyLike(input); }
 
 std::tuple<Tensor, Tensor> rms_norm_backward_meta(const Tensor&, const Tensor& input, const Tensor& weight,
@@ -34,7 +40,7 @@ struct RmsNormGrad {
     auto saved = ctx->get_saved_variables();
     const NormCfg cfg{ctx->saved_data["eps"].toDouble(), ctx->saved_data["gemma"].toBool()};
     auto [grad_input, grad_weight] = opforge::Call<std::tuple<Tensor, Tensor>>(
-        "kernels::rms_norm_backward", grad.contiguous(), saved[0], saved[1], cfg);
+        "kernels::rms_norm_backward", Contiguous(grad), saved[0], saved[1], cfg);
     return {grad_input, grad_weight, opforge::NoGrad{}};
   }
 };
@@ -56,6 +62,14 @@ OPFORGE_LIBRARY(kernels, ops) {
   ops.def("rms_norm_backward(Tensor grad, Tensor input, Tensor weight, NormCfg cfg) -> (Tensor, Tensor)");
   ops.impl("rms_norm_backward", c10::kCPU, &rms_norm_backward_cpu);
   ops.fake("rms_norm_backward", &rms_norm_backward_meta);
+
+  ops.def("make_scale_table(float[] scales) -> int", &make_scale_table);
+  ops.def("scale_rows(Tensor! out, Tensor x, Handle(ScaleTable) table, int[] rows, float? clamp=None) -> ()");
+  ops.impl("scale_rows", c10::kCPU, &scale_rows_cpu);
+
+  ops.def("one_shot_all_reduce(Tensor input, ReduceCfg cfg, str group_name) -> Tensor", &one_shot_all_reduce)
+      .symm_mem_args({"input"});
+  ops.fake("one_shot_all_reduce", &one_shot_all_reduce_meta);
 
   // A functional op with a C++ backward; the kernel serves every device.
   ops.def("rms_norm_fn(Tensor input, Tensor weight, NormCfg cfg) -> Tensor", &rms_norm_fn)

@@ -173,8 +173,8 @@ def test_24_layers_each_with_its_own_runner_id_compile_to_at_most_two_graphs():
     from opforge import handles
 
     if handles.compile_mode() != "dynamic_int":
-        pytest.skip(f"this torch passes bare ints to compiled code as constants "
-                    f"(compile mode {handles.compile_mode()!r}, see docs/handles.md)")
+        pytest.skip(f"needs torch 2.10 (this is {torch.__version__}): DynamicInt, without which ids are "
+                    f"constants to compiled code (compile mode {handles.compile_mode()!r}, docs/handles.md)")
     torch.manual_seed(0)
     layers = [Layer(0.5 + i / 24) for i in range(24)]
     x = torch.randn(3, 4)

@@ -17,6 +17,15 @@ def load_interpreted():
     name = __name__ + "_interpreted"
     if name in sys.modules:
         return sys.modules[name]
+    import triton
+    import triton.runtime.interpreter as interpreter
+
+    if not hasattr(interpreter, "_LangPatchScope"):
+        import torch
+
+        raise RuntimeError(f"needs Triton 3.6 (this is {triton.__version__}, which torch {torch.__version__} pins): "
+                           f"an earlier interpreter patches triton.language for the rest of the process, and "
+                           f"every later compile of a kernel in it fails")
     here = os.path.dirname(os.path.abspath(__file__))
     previous = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"

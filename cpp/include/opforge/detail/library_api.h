@@ -129,7 +129,7 @@ class LibraryApi {
 
   template <class G, class Sig>
   void SetAutograd(const std::string& op) {
-    plan_.SetAutograd(op, Mode::template Autograd<G, Sig>());
+    Mode::template SetAutograd<G, Sig>(plan_, op);
   }
 
  private:

@@ -541,6 +541,11 @@ struct Ret<S, std::enable_if_t<kIsStruct<S>>> {
   }
 };
 
+template <class T>
+struct IsStdTupleOf : std::false_type {};
+template <class... T>
+struct IsStdTupleOf<std::tuple<T...>> : std::true_type {};
+
 // The types a kernel `R(Args...)` needs declared.
 template <class R, class... Args>
 void DeclareKernelTypes(TypeDecls& decls) {

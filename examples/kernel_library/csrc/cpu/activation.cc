@@ -31,4 +31,31 @@ void act_and_mul_cpu(Tensor& out, const Tensor& input, const ActCfg& cfg) {
   });
 }
 
+int64_t make_scale_table(const std::vector<double>& scales) {
+  return opforge::RegisterHandle(std::make_shared<ScaleTable>(ScaleTable{scales}));
+}
+
+void scale_rows_cpu(Tensor& out, const Tensor& x, opforge::Handle<ScaleTable> table, const std::vector<int64_t>& rows,
+                    std::optional<double> clamp) {
+  int64_t n, d;
+  RowsOf(x, n, d);
+  Check(x.is_contiguous() && out.is_contiguous() && out.numel() == x.numel(), "scale_rows",
+        "x and out must be contiguous, of one shape");
+  Check(static_cast<int64_t>(rows.size()) == n, "scale_rows", "give one table row per row of x");
+  const auto& scales = table->scales;
+  DispatchFloating(x.scalar_type(), "scale_rows", [&](auto tag) {
+    using scalar_t = decltype(tag);
+    const scalar_t* in = x.const_data_ptr<scalar_t>();
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    for (int64_t r = 0; r < n; ++r) {
+      Check(rows[r] >= 0 && rows[r] < static_cast<int64_t>(scales.size()), "scale_rows", "a row is outside the table");
+      for (int64_t i = 0; i < d; ++i) {
+        double v = static_cast<double>(in[r * d + i]) * scales[static_cast<size_t>(rows[r])];
+        if (clamp) v = std::clamp(v, -*clamp, *clamp);
+        o[r * d + i] = static_cast<scalar_t>(v);
+      }
+    }
+  });
+}
+
 }  // namespace kernels

@@ -1,0 +1,184 @@
+"""The example kernel library (examples/kernel_library) through opforge: a
+library written the way vLLM's csrc/ is, on libtorch's C++ API or, with
+OPFORGE_KERNELS=stable (or a prebuilt .so's path), on torch's stable ABI
+(docs/stable_abi.md). The same tests run against either build."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import opforge
+
+import kernel_library
+from cpp_ext import ROOT
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return kernel_library.load()
+
+
+def rms_norm_ref(x, w, eps, gemma=False):
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * ((1 + w.float()) if gemma else w.float())
+    return y.to(x.dtype)
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests", "python"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def test_the_library_is_the_build_asked_for(kernels):
+    info = opforge._C.library_op("kernels::rms_norm")
+    assert info["library"] == os.path.realpath(kernel_library.library_path()) or \
+        os.path.samefile(info["library"], kernel_library.library_path())
+    assert info["abi"] == ("unstable" if kernel_library.mode() == "unstable" else "stable")
+    assert opforge._C.library_op("kernels::rms_norm_fn")["has_cpp_autograd" if info["abi"] == "unstable"
+                                                          else "has_torch_layer_autograd"]
+    print(f"\n{info['abi']} build {kernel_library.library_path()} sha256 {kernel_library.sha256(kernel_library.library_path())}")
+
+
+def test_struct_defaults_from_cpp_initializers_reach_python_and_the_flat_schema(kernels):
+    s = opforge.structs.kernels
+    assert s.NormCfg() == s.NormCfg(eps=1e-6, gemma=False)
+    assert s.ActCfg() == s.ActCfg(act=s.Act.kSilu, limit=0.0)
+    assert [m.name for m in s.Act] == ["kSilu", "kGelu"]
+    assert "float cfg__eps=9.9999999999999995e-07, bool cfg__gemma=False" in kernels.rms_norm.schema
+
+
+def test_a_runner_handle_a_list_and_an_optional_reach_the_kernel(kernels):
+    table = kernels.make_scale_table([1.0, 2.0, -3.0])
+    x = torch.arange(6.0).reshape(3, 2)
+    out = torch.empty_like(x)
+    kernels.scale_rows(out, x, table, [2, 0, 1])
+    torch.testing.assert_close(out, x * torch.tensor([[-3.0], [1.0], [2.0]]))
+    kernels.scale_rows(out, x, table, [1, 1, 1], clamp=5.0)
+    torch.testing.assert_close(out, (x * 2).clamp(-5, 5))
+    with pytest.raises(RuntimeError, match=r"scale_rows: a row is outside the table"):
+        kernels.scale_rows(out, x, table, [0, 0, 3])
+    assert opforge._C.handle_release(table)
+    with pytest.raises(RuntimeError, match=r"handle .* is stale"):
+        kernels.scale_rows(out, x, table, [0, 0, 0])
+
+
+# --- 1, 2, 8: Tensor! schemas, Tensor& kernels, def then impl -------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tensor_bang_op_with_a_tensor_ref_kernel_writes_its_output(kernels, dtype):
+    NormCfg = opforge.structs.kernels.NormCfg
+    assert kernels.rms_norm.schema == ("kernels::rms_norm(Tensor(_0!) out, Tensor input, Tensor weight, "
+                                       "float cfg__eps=9.9999999999999995e-07, bool cfg__gemma=False) -> ()")
+    x = torch.randn(3, 16, dtype=dtype)
+    w = torch.randn(16, dtype=dtype)
+    for cfg in (NormCfg(), NormCfg(eps=0.5, gemma=True)):
+        out = torch.empty_like(x)
+        assert kernels.rms_norm(out, x, w, cfg) is None
+        torch.testing.assert_close(out, rms_norm_ref(x, w, cfg.eps, cfg.gemma))
+    out = torch.empty_like(x)
+    torch.ops.kernels.rms_norm(out, x, w, 1e-6, False)  # the flat op, struct defaults as leaf defaults
+    torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-6))
+
+
+def test_an_op_writing_two_arguments_writes_both(kernels):
+    NormCfg = opforge.structs.kernels.NormCfg
+    x, res, w = torch.randn(2, 8), torch.randn(2, 8), torch.randn(8)
+    x0, res0 = x.clone(), res.clone()
+    versions = (x._version, res._version)
+    kernels.fused_add_rms_norm(x, res, w, NormCfg(eps=1e-5))
+    torch.testing.assert_close(res, res0 + x0)
+    torch.testing.assert_close(x, rms_norm_ref(res0 + x0, w, 1e-5))
+    # Written arguments get their versions bumped, as torch's own in-place ops.
+    assert (x._version, res._version) == (versions[0] + 1, versions[1] + 1)
+
+
+@pytest.mark.parametrize("act", ["kSilu", "kGelu"])
+def test_an_enum_field_picks_the_activation(kernels, act):
+    s = opforge.structs.kernels
+    x = torch.randn(4, 2 * 8)
+    out = torch.empty(4, 8)
+    kernels.act_and_mul(out, x, s.ActCfg(act=getattr(s.Act, act), limit=2.0))
+    a = x[:, :8].clamp(-2, 2)
+    ref = (torch.nn.functional.silu(a) if act == "kSilu" else torch.nn.functional.gelu(a)) * x[:, 8:]
+    torch.testing.assert_close(out, ref)
+
+
+def test_a_functional_op_with_a_cpp_backward_passes_opcheck_and_gradcheck(kernels):
+    NormCfg = opforge.structs.kernels.NormCfg
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    for cfg in (NormCfg(eps=1e-5), NormCfg(eps=0.1, gemma=True)):
+        torch.autograd.gradcheck(lambda x, w: kernels.rms_norm_fn(x, w, cfg), (x, w))
+    opforge.opcheck(kernels.rms_norm_fn, (x, w, NormCfg()))
+    out = torch.empty(3, 8, dtype=torch.float64)
+    opforge.opcheck(kernels.rms_norm, (out, x.detach(), w.detach(), NormCfg()))
+
+
+def test_a_cpp_backward_compiles_forward_and_backward(kernels):
+    NormCfg = opforge.structs.kernels.NormCfg
+
+    def f(x, w):
+        return (kernels.rms_norm_fn(x, w, NormCfg(eps=1e-5)) ** 2).sum()
+
+    x = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(8, requires_grad=True)
+    gx, gw = torch.autograd.grad(f(x, w), (x, w))
+    torch._dynamo.reset()
+    cx, cw = torch.autograd.grad(torch.compile(f, fullgraph=True)(x, w), (x, w))
+    torch.testing.assert_close((cx, cw), (gx, gw))
+
+
+# --- 5: the first call of a C++ op inside a compiled region ------------------------
+
+def test_the_first_call_of_a_cpp_op_may_be_inside_torch_compile(kernels):
+    library = kernel_library.library_path()
+    result = run_python(f"""
+        import torch, opforge
+        torch.ops.load_library({library!r})   # not opforge.load_library: nothing made yet
+
+        @torch.compile(fullgraph=True)
+        def step(x, w):
+            return opforge.ops.kernels.rms_norm_fn(x, w, opforge.structs.kernels.NormCfg(eps=0.5)) + 1
+
+        x, w = torch.ones(2, 4), torch.full((4,), 2.0)
+        print(step(x, w).tolist())
+    """)
+    assert result.returncode == 0, result.stderr
+    expected = (torch.ones(2, 4) / (1 + 0.5) ** 0.5 * 2 + 1).tolist()
+    assert result.stdout.strip() == str(expected)
+
+
+# --- 6: an op without a backward -------------------------------------------------
+
+def test_a_cpp_op_without_a_backward_raises_when_a_gradient_is_requested(kernels):
+    NormCfg = opforge.structs.kernels.NormCfg
+    x = torch.randn(2, 8, requires_grad=True)
+    out = torch.empty(2, 8)
+    kernels.rms_norm(out, x, torch.ones(8), NormCfg())
+    with pytest.raises(RuntimeError, match=r"kernels::rms_norm: a gradient was requested through this op, but it "
+                                           r"has no backward\. Declare one in C\+\+ .* or from Python "
+                                           r"\(opforge\.ops\.kernels\.rms_norm\.register_autograd"):
+        out.sum().backward()
+
+
+
+
+
+def test_a_cpp_collective_declares_its_symmetric_input(kernels):
+    s = opforge.structs.kernels
+    assert opforge.symm_mem_args("kernels::one_shot_all_reduce") == ["input"]
+    # The field's default is not in the flat schema: a required argument follows it.
+    assert kernels.one_shot_all_reduce.schema == ("kernels::one_shot_all_reduce(Tensor input, "
+                                                  "str cfg__reduce_op, str group_name) -> Tensor")
+    assert s.ReduceCfg() == s.ReduceCfg(reduce_op="sum")
+    if opforge.symm_mem.has_native_registry():
+        from torch._library.simple_registry import singleton
+
+        opforge._cpp_ops.refresh()
+        assert list(singleton.find("kernels::one_shot_all_reduce").symm_mem_args.get()) == ["input"]
