@@ -64,10 +64,62 @@ NodePtr SelfPtr(T* node) {
   }
 }
 
-// Some torch releases lack _wrap_outputs' last parameter (pure_view).
-template <typename F>
-OptionalVariables CallWrapOutputs(F wrap, const variable_list& inputs, const ImplSet& non_differentiable,
-                                  const ImplSet& dirty, const OptionalVariables& raw, const NodePtr& node) {
+// _wrap_outputs' parameters differ between torch releases: newer ones take
+// `pure_view`, and from 2.14 an out-parameter naming the node that took the
+// outputs, for node-creation hooks. The overload that compiles is taken.
+template <int N>
+struct Priority : Priority<N - 1> {};
+template <>
+struct Priority<0> {};
+
+struct WrapArgs {
+  const ImplSet& non_differentiable;
+  const ImplSet& dirty;
+  at::ArrayRef<std::optional<Variable>> raw;
+  const NodePtr& node;
+  const torch::autograd::_jvp_fn_t& jvp;
+  const ImplSet& to_save_if_setup_context;
+  const torch::autograd::_view_as_self_fn_t& view_as_self;
+};
+
+template <class V>
+auto Wrap(Priority<2>, const V& inputs, const WrapArgs& a, NodePtr& attached)
+    -> decltype(torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
+                                               a.to_save_if_setup_context, a.view_as_self, false, attached)) {
+  return torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
+                                        a.to_save_if_setup_context, a.view_as_self, false, attached);
+}
+
+template <class V>
+auto Wrap(Priority<1>, const V& inputs, const WrapArgs& a, NodePtr&)
+    -> decltype(torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
+                                               a.to_save_if_setup_context, a.view_as_self, false)) {
+  return torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
+                                        a.to_save_if_setup_context, a.view_as_self, false);
+}
+
+template <class V>
+auto Wrap(Priority<0>, const V& inputs, const WrapArgs& a, NodePtr&)
+    -> decltype(torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
+                                               a.to_save_if_setup_context, a.view_as_self)) {
+  return torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
+                                        a.to_save_if_setup_context, a.view_as_self);
+}
+
+// torch 2.14+ runs node-creation hooks once a node has its saved variables
+// (found through the node's namespace, where it exists).
+template <class P>
+auto FireCreationHooks(Priority<1>, const P& node) -> decltype(fire_node_creation_hooks(node)) {
+  return fire_node_creation_hooks(node);
+}
+
+template <class P>
+void FireCreationHooks(Priority<0>, const P&) {}
+
+// The outputs wrapped with `node` as their grad_fn; `attached` names the
+// node that took them where torch says so.
+OptionalVariables WrapOutputs(const variable_list& inputs, const ImplSet& non_differentiable, const ImplSet& dirty,
+                              const OptionalVariables& raw, const NodePtr& node, NodePtr& attached) {
   const torch::autograd::_jvp_fn_t jvp = [](const variable_list&, const variable_list&) -> variable_list {
     TORCH_CHECK(false, "opforge ops do not support forward-mode AD (jvp).");
   };
@@ -75,14 +127,8 @@ OptionalVariables CallWrapOutputs(F wrap, const variable_list& inputs, const Imp
   // Empty: setup_context runs inside the forward, as an autograd.Function
   // whose forward takes ctx, so an input returned as-is may be saved.
   const ImplSet to_save_if_setup_context;
-  if constexpr (std::is_invocable_v<F, const variable_list&, const ImplSet&, const ImplSet&,
-                                    at::ArrayRef<std::optional<Variable>>, const NodePtr&,
-                                    const torch::autograd::_jvp_fn_t&, const ImplSet&,
-                                    const torch::autograd::_view_as_self_fn_t&, bool>) {
-    return wrap(inputs, non_differentiable, dirty, raw, node, jvp, to_save_if_setup_context, view_as_self, false);
-  } else {
-    return wrap(inputs, non_differentiable, dirty, raw, node, jvp, to_save_if_setup_context, view_as_self);
-  }
+  return Wrap(Priority<2>{}, inputs,
+              WrapArgs{non_differentiable, dirty, raw, node, jvp, to_save_if_setup_context, view_as_self}, attached);
 }
 
 [[noreturn]] void ThrowPython() {
@@ -428,8 +474,8 @@ OptionalVariables OpNode::Finish(const variable_list& inputs, const OptionalVari
     Py_CLEAR(ctx->dirty);
   }
   NodePtr self = SelfPtr(this);
-  OptionalVariables wrapped =
-      CallWrapOutputs(&torch::autograd::_wrap_outputs, inputs, non_differentiable, dirty, raw, self);
+  NodePtr attached;
+  OptionalVariables wrapped = WrapOutputs(inputs, non_differentiable, dirty, raw, self, attached);
   output_info_.reserve(wrapped.size());
   ImplSet outputs;
   for (const auto& out : wrapped) {
@@ -448,6 +494,7 @@ OptionalVariables OpNode::Finish(const variable_list& inputs, const OptionalVari
       saved_.emplace_back(*t, outputs.count(t->unsafeGetTensorImpl()) > 0);
     }
   }
+  if (attached) FireCreationHooks(Priority<1>{}, attached);
   return wrapped;
 }
 
