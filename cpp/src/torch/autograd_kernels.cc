@@ -14,6 +14,7 @@
 
 #include "opforge/autograd.h"
 #include "opforge/libraries.h"
+#include "ivalues.h"
 
 namespace opforge {
 namespace {
@@ -42,17 +43,6 @@ std::unordered_map<std::string, std::string>& Messages() {
   return *messages;
 }
 
-void ForEachTensor(const c10::IValue& v, const std::function<void(const at::Tensor&)>& f) {
-  if (v.isTensor()) {
-    f(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) f(t);
-  } else if (v.isList()) {
-    for (const c10::IValue& item : v.toListRef()) {
-      if (item.isTensor()) f(item.toTensor());
-    }
-  }
-}
 
 void NoBackwardKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                       torch::jit::Stack* stack) {
