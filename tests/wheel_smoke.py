@@ -49,7 +49,7 @@ OP_SCRIPT = textwrap.dedent("""
     eager = affine(x, Cfg(2.0, 1.0))
     compiled = torch.compile(lambda x: affine(x, Cfg(2.0, 1.0)), fullgraph=True, backend="eager")(x)
     assert eager.tolist() == compiled.tolist() == [1.0, 3.0, 5.0], (eager, compiled)
-    assert affine.schema == "wheel_smoke::affine(Tensor x, float cfg__scale, float cfg__shift) -> Tensor"
+    assert affine.schema == "wheel_smoke::affine(Tensor x, float cfg__scale, float cfg__shift=0.) -> Tensor"
     print(opforge.__file__)
     print(_build_info.INSTALL_KIND, _build_info.TORCH_VERSION, repr(_build_info.SOURCE_DIR))
     print(opforge.cmake_prefix_path)

@@ -11,9 +11,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import subprocess
+import sys
+import textwrap
+
+import torch
 
 import opforge
-from cpp_ext import build
+from cpp_ext import ROOT, build
 
 
 def mode() -> str:
@@ -40,3 +45,18 @@ def sha256(path: str) -> str:
 def load():
     opforge.load_library(library_path())
     return opforge.ops.kernels
+
+
+def rms_norm_ref(x, w, eps, gemma=False):
+    """RMSNorm computed with torch, in float32, in x's dtype."""
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * ((1 + w.float()) if gemma else w.float())
+    return y.to(x.dtype)
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter that sees the test helpers."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests", "python"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          timeout=600)

@@ -10,8 +10,6 @@ import contextlib
 import itertools
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch

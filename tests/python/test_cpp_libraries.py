@@ -6,9 +6,6 @@ libraries in examples/ and tests/cpp_ext."""
 import math
 import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -17,6 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import opforge
 
 import kernel_library
+from kernel_library import rms_norm_ref, run_python
 from cpp_ext import ROOT, build, load
 
 
@@ -35,19 +33,6 @@ def kernels_b():
 @pytest.fixture(scope="module")
 def ext():
     return load()
-
-
-def rms_norm_ref(x, w, eps, gemma=False):
-    x32 = x.float()
-    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * ((1 + w.float()) if gemma else w.float())
-    return y.to(x.dtype)
-
-
-def run_python(code: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests", "python"),
-                                                       os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                          timeout=600)
 
 
 def test_every_alias_form_torch_registers_lowers_to_a_schema_torch_can_define():

@@ -4,9 +4,6 @@ OPFORGE_KERNELS=stable (or a prebuilt .so's path), on torch's stable ABI
 (docs/stable_abi.md). The same tests run against either build."""
 
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -14,25 +11,12 @@ import torch
 import opforge
 
 import kernel_library
-from cpp_ext import ROOT
+from kernel_library import rms_norm_ref, run_python
 
 
 @pytest.fixture(scope="module")
 def kernels():
     return kernel_library.load()
-
-
-def rms_norm_ref(x, w, eps, gemma=False):
-    x32 = x.float()
-    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * ((1 + w.float()) if gemma else w.float())
-    return y.to(x.dtype)
-
-
-def run_python(code: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "tests", "python"),
-                                                       os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                          timeout=600)
 
 
 def test_the_library_is_the_build_asked_for(kernels):

@@ -219,10 +219,6 @@ struct AutogradKernel<G, R, TypeList<Args...>, TypeList<FlatArgs...>> {
     return false;
   }
 
-  template <class T, class = void>
-  struct HasSetup : std::false_type {};
-  template <class T>
-  struct HasSetup<T, std::void_t<decltype(&T::setup_context)>> : std::true_type {};
 
   const AutogradOp* op;
   Handle handle;
@@ -273,7 +269,7 @@ struct AutogradKernel<G, R, TypeList<Args...>, TypeList<FlatArgs...>> {
             [&](auto&... a) { return kernel_.handle.redispatch(ks_ & c10::after_autograd_keyset, a...); },
             args_);
       }();
-      if constexpr (HasSetup<G>::value) {
+      if constexpr (HasSetupContext<G>::value) {
         Setup(ctx, out, std::index_sequence_for<Args...>{});
       }
       return Out::ToList(std::move(out));
@@ -350,17 +346,7 @@ struct AutogradKernel<G, R, TypeList<Args...>, TypeList<FlatArgs...>> {
 
 template <class G, class R, class... Args>
 struct AutogradRegistrar<G, R(Args...)> {
-  template <class T, class = void>
-  struct HasBackward : std::false_type {};
-  template <class T>
-  struct HasBackward<T, std::void_t<decltype(&T::backward)>> : std::true_type {};
-
-  static_assert(HasBackward<G>::value,
-                "opforge: the autograd class needs `static ... backward(opforge::AutogradContext* ctx, "
-                "<one gradient per output>)`.");
-  static_assert(Outputs<R>::kSupported,
-                "opforge: an op with a C++ backward returns at::Tensor, a std::tuple of at::Tensor, "
-                "std::vector<at::Tensor> or a struct whose fields are all at::Tensor.");
+  static_assert(CheckAutogradClass<G, R>::kOk);
 
   using Flat = typename Concat<typename ParamFlat<Args>::type...>::type;
   using Kernel = AutogradKernel<G, R, TypeList<Args...>, Flat>;

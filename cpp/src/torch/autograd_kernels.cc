@@ -15,6 +15,7 @@
 
 #include "opforge/autograd.h"
 #include "opforge/libraries.h"
+#include "ivalues.h"
 
 namespace opforge {
 namespace {
@@ -33,18 +34,6 @@ NodePtr MakeNode(Args&&... args) {
   }
 }
 
-template <class F>
-void ForEachTensor(const c10::IValue& v, F&& f) {
-  if (v.isTensor()) {
-    f(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) f(t);
-  } else if (v.isList()) {
-    for (const c10::IValue& item : v.toListRef()) {
-      if (item.isTensor()) f(item.toTensor());
-    }
-  }
-}
 
 // The Autograd kernel of one op without backward.
 class NoBackwardKernel : public c10::OperatorKernel {

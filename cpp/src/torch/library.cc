@@ -23,6 +23,12 @@ char* Catch(F&& f) {
   }
 }
 
+// torch's errors without their C++ backtrace.
+std::string Describe(const std::exception& e) {
+  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+  return e.what();
+}
+
 }  // namespace
 
 std::string KeyName(c10::DeviceType device) {
@@ -90,26 +96,10 @@ void UnstableBackend::Finish(bool ok) {
 LibraryInit::LibraryInit(torch::Library::Kind kind, const char* ns, std::optional<c10::DispatchKey> key,
                          void (*init)(Library&), const char* file, uint32_t line)
     : backend_(kind, ns, key, file, line) {
-  // A constructor's exception would end the process (it runs while the
-  // library loads); every failure becomes a load error instead.
-  std::string& error = error_;
   const std::string key_name = key ? KeyName(*key) : std::string();
   LibraryPlan plan(ns, key ? key_name.c_str() : nullptr, file, line, reinterpret_cast<const void*>(init),
                    "unstable", 0);
-  try {
-    Library m(plan, backend_);
-    init(m);
-  } catch (const c10::Error& e) {
-    plan.Fail(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    plan.Fail(e.what());
-  }
-  try {
-    error = plan.Commit(backend_.backend());
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  backend_.Finish(error.empty());
+  error_ = RunBlock(plan, backend_, init, &Describe);
 }
 
 }  // namespace opforge::detail

@@ -23,6 +23,7 @@
 #include "opforge/abi.h"
 #include "opforge/backward.h"
 #include "opforge/libraries.h"
+#include "ivalues.h"
 #include "opforge/tags.h"
 
 namespace opforge::detail {
@@ -270,15 +271,6 @@ struct StableFunction : public torch::autograd::Function<StableFunction> {
   }
 };
 
-void ForEachTensor(const c10::IValue& v, const std::function<void(const at::Tensor&)>& f) {
-  if (v.isTensor()) {
-    f(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) f(t);
-  } else if (v.isList()) {
-    for (const c10::IValue& item : v.toListRef()) f(item.isTensor() ? item.toTensor() : at::Tensor());
-  }
-}
 
 class StableAutogradKernel final : public c10::OperatorKernel {
  public:

@@ -318,5 +318,28 @@ void PutGrad(const OpNames& op, size_t param, LeafGrad* leaves, V&& value) {
   }
 }
 
+// What a C++ backward class must have, checked where an op declares it:
+// `static ... backward(opforge::AutogradContext* ctx, <one gradient per
+// output>)`, and `setup_context` if it saves anything.
+template <class T, class = void>
+struct HasSetupContext : std::false_type {};
+template <class T>
+struct HasSetupContext<T, std::void_t<decltype(&T::setup_context)>> : std::true_type {};
+template <class T, class = void>
+struct HasBackwardFn : std::false_type {};
+template <class T>
+struct HasBackwardFn<T, std::void_t<decltype(&T::backward)>> : std::true_type {};
+
+template <class G, class R>
+struct CheckAutogradClass {
+  static_assert(HasBackwardFn<G>::value,
+                "opforge: the autograd class needs `static ... backward(opforge::AutogradContext* ctx, "
+                "<one gradient per output>)`.");
+  static_assert(Outputs<R>::kSupported,
+                "opforge: an op with a C++ backward returns a Tensor, a std::tuple of Tensors, "
+                "std::vector<Tensor> or a struct whose fields are all Tensors.");
+  static constexpr bool kOk = true;
+};
+
 }  // namespace detail
 }  // namespace opforge

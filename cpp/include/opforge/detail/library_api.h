@@ -147,4 +147,28 @@ class LibraryApi {
   Backend& backend_;
 };
 
+// Runs a library block and commits it: what OPFORGE_LIBRARY does at load,
+// the same for both ABIs. A failure never escapes (an exception here would
+// end the process while the library loads): it becomes the returned error,
+// recorded as a load error, and the backend keeps nothing. `describe` turns
+// a kernel library's exception into its message.
+template <class Mode, class Backend>
+std::string RunBlock(LibraryPlan& plan, Backend& backend, void (*init)(LibraryApi<Mode, Backend>&),
+                     std::string (*describe)(const std::exception&)) {
+  std::string error;
+  try {
+    LibraryApi<Mode, Backend> m(plan, backend);
+    init(m);
+  } catch (const std::exception& e) {
+    plan.Fail(describe(e));
+  }
+  try {
+    error = plan.Commit(backend.backend());
+  } catch (const std::exception& e) {
+    error = describe(e);
+  }
+  backend.Finish(error.empty());
+  return error;
+}
+
 }  // namespace opforge::detail

@@ -221,21 +221,7 @@ struct StableAutograd;
 
 template <class G, class R, class... Args>
 struct StableAutograd<G, R(Args...)> {
-  template <class T, class = void>
-  struct HasSetup : std::false_type {};
-  template <class T>
-  struct HasSetup<T, std::void_t<decltype(&T::setup_context)>> : std::true_type {};
-  template <class T, class = void>
-  struct HasBackward : std::false_type {};
-  template <class T>
-  struct HasBackward<T, std::void_t<decltype(&T::backward)>> : std::true_type {};
-
-  static_assert(HasBackward<G>::value,
-                "opforge: the autograd class needs `static ... backward(opforge::AutogradContext* ctx, "
-                "<one gradient per output>)`.");
-  static_assert(Outputs<R>::kSupported,
-                "opforge: an op with a C++ backward returns a Tensor, a std::tuple of Tensors, "
-                "std::vector<Tensor> or a struct whose fields are all Tensors.");
+  static_assert(CheckAutogradClass<G, R>::kOk);
 
   using Out = Outputs<R>;
   static constexpr size_t kLeaves = kLeafCount<Args...>;
@@ -265,7 +251,7 @@ struct StableAutograd<G, R(Args...)> {
     try {
       auto* data = new SavedData();
       ctx->set_state(ctx->self, data, [](void* p) { delete static_cast<SavedData*>(p); });
-      if constexpr (HasSetup<G>::value) {
+      if constexpr (HasSetupContext<G>::value) {
         AutogradContext c(ctx, *data);
         ViewReader r{*inputs};
         auto params = ReadParams(r, std::index_sequence_for<Args...>{});

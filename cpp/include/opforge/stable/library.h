@@ -449,18 +449,7 @@ class StableLibraryInit {
                     void (*init)(LibraryApi<StableMode, StableBackend>&), const char* file, uint32_t line)
       : backend_(ns, impl_key, file, line) {
     LibraryPlan plan(ns, impl_key, file, line, reinterpret_cast<const void*>(init), "stable", TORCH_TARGET_VERSION);
-    try {
-      LibraryApi<StableMode, StableBackend> m(plan, backend_);
-      init(m);
-    } catch (const std::exception& e) {
-      plan.Fail(e.what());
-    }
-    try {
-      error_ = plan.Commit(backend_.backend());
-    } catch (const std::exception& e) {
-      error_ = e.what();
-    }
-    backend_.Finish(error_.empty());
+    error_ = RunBlock(plan, backend_, init, [](const std::exception& e) { return std::string(e.what()); });
   }
   const std::string& error() const { return error_; }
 
