@@ -257,19 +257,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="compiles measured per model; the median is reported (default 3)")
 
 
-def run(args: argparse.Namespace) -> int:
-    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
-        print("opforge bench: --device cuda needs a CUDA GPU, and none is available.", file=sys.stderr)
-        return 2
+def run_on_threads(args: argparse.Namespace, measure_fn: Callable[[], dict], render_fn: Callable[[dict], str]) -> int:
+    """Runs `measure_fn` on `--threads` intra-op threads, prints its result
+    rendered, and writes it to `--json`."""
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
-        result = measure(args)
+        result = measure_fn()
     finally:
         torch.set_num_threads(threads)
     result["threads"] = args.threads
-    print(render(result))
+    print(render_fn(result))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        print("opforge bench: --device cuda needs a CUDA GPU, and none is available.", file=sys.stderr)
+        return 2
+    return run_on_threads(args, lambda: measure(args), render)

@@ -4,28 +4,21 @@ mapping tree.
 For `attn(q: Tensor, cfg: AttnCfg, mode: Literal["a", "b"] = "a") -> Tensor`
 lowered to `(Tensor q, float cfg__scale, bool cfg__causal, str mode="a")`:
 
-    def _dispatch(q, cfg, mode):                          # converted arguments -> the dispatcher
+    def _call(_self, q, cfg, mode=_D1):                   # OpDef.__call__, as Dynamo traces it
+        if type(mode) is not str or mode not in _A2: _bad3(mode)
+        if not isinstance(cfg, _S4): _convert(q, cfg, mode)   # raises the boundary's error
         _l1 = cfg.scale
         _l2 = cfg.causal
         return _op(q, _l1, _l2, mode)
 
-    def _call(_self, q, cfg, mode=_D1):                   # OpDef.__call__, as Dynamo traces it
-        if type(mode) is not str or mode not in _A2: _bad3(mode)
-        if not isinstance(cfg, _S4): _convert(q, cfg, mode)   # raises the boundary's error
-        return _dispatch(q, cfg, mode)
-
-    def _make_kernel(_fn):
-        def kernel(q, cfg__scale, cfg__causal, mode=_F5): # what the dispatcher calls
-            _o = _check_return(_fn(q, <the AttnCfg cached for these leaves, or a new one>, mode))
-            return _o
-        return kernel
-
 Eager calls do not run `_call`: they enter C (opforge._C.OpBase), where the
 op's boundary binds and converts the arguments, then either runs the body or
-calls `_dispatch`. Only `_call`, `_dispatch` and `_make_kernel` are generated
-when the op is defined; the helpers autograd, fake tensors and opcheck need are
-generated on first use. Ops whose generated source is the same share its
-compiled code. `OpCode.source` prints all of it.
+flattens them for the dispatcher; the dispatcher's kernel is C++ as well
+(`_C.register_kernel`). Only `_call` (and `_rebuild_output` for an op that
+returns a struct) is generated when the op is defined; the helpers fake
+tensors, opcheck and autograd need are generated on first use. Ops whose
+generated source is the same share its compiled code. `OpCode.source`
+prints all of it.
 """
 
 from __future__ import annotations
@@ -33,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import linecache
+import re
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -48,6 +42,12 @@ class GradientCountError(RuntimeError, ValueError):
     """A backward returned more or fewer gradients than the op has
     parameters. A RuntimeError, as torch.autograd raises for this, and a
     ValueError, as MagiCompiler's decorator raises."""
+
+
+class GradientTypeError(RuntimeError, TypeError):
+    """A backward returned something other than a Tensor or None where a
+    tensor's gradient goes. A RuntimeError, as torch.autograd raises for
+    this, and a TypeError."""
 
 
 _GRADIENT_COUNT = "backward returned {returned} gradient(s) but the op has {expected} parameter(s) ({names})"
@@ -134,6 +134,9 @@ class _Block:
         self.writer.indent -= 1
 
 
+_PARAM_VAR = re.compile(r"\b__p\d+\b")
+_READABLE: dict[tuple, str] = {}  # (source, parameter names) -> the source with those names
+
 # Compiled module code by source text: ops with the same signature shape
 # compile once.
 _CODE_CACHE: dict[str, types.CodeType] = {}
@@ -174,8 +177,8 @@ _CHUNKS = {
 
 
 class OpCode:
-    """The generated functions of one op. `call` and `make_kernel` exist from
-    the start; the other attributes are generated on first use."""
+    """The generated functions of one op. `call` exists from the start; the
+    other attributes are generated on first use."""
 
     def __init__(self, builder: "Builder"):
         self._builder = builder
@@ -184,35 +187,40 @@ class OpCode:
         self.params = builder.params
         self.tensor_leaf_positions = [i for i, leaf in enumerate(builder.leaves) if _is_tensor_text(leaf.type_text)]
         if not builder.leaf_returns:
-            self._function("rebuild_output")  # `dispatch` uses it
-        self.dispatch = self._function("dispatch")
+            self._function("rebuild_output")  # `call` uses it
         self.call = self._function("call")
-        self.make_kernel = self._function("make_kernel")
 
     def _function(self, chunk: str) -> Callable:
         name = _CHUNKS[chunk]
         fn = self.namespace.get(name)
         if fn is None:
-            source = getattr(self._builder, "chunk_" + chunk)()
-            op = self._builder.op_name
+            builder = self._builder
+            source = getattr(builder, "chunk_" + chunk)()
+            op = builder.op_name
             filename = f"<opforge {op}>" if chunk == "call" else f"<opforge {op} {chunk}>"
             code = _compile(source, filename)
+            inner = next(c for c in code.co_consts if isinstance(c, types.CodeType))
+            names = builder.param_names
+            changes = {"co_varnames": tuple(names.get(v, v) for v in inner.co_varnames)}
             if chunk == "call":
                 # Python's own binding errors then name the op:
                 # "mylib::attn() got an unexpected keyword argument 'x'".
-                inner = next(c for c in code.co_consts if isinstance(c, types.CodeType))
-                renamed = inner.replace(co_name=op, **({"co_qualname": op} if hasattr(inner, "co_qualname") else {}))
-                code = code.replace(co_consts=tuple(renamed if c is inner else c for c in code.co_consts))
+                changes["co_name"] = op
+                if hasattr(inner, "co_qualname"):
+                    changes["co_qualname"] = op
+            renamed = inner.replace(**changes)
+            code = code.replace(co_consts=tuple(renamed if c is inner else c for c in code.co_consts))
             exec(code, self.namespace)  # noqa: S102
-            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-            self._sources[chunk] = source
+            readable = builder.readable(source)
+            linecache.cache[filename] = (len(readable), None, readable.splitlines(True), filename)
+            self._sources[chunk] = readable
             fn = self.namespace[name]
         return fn
 
     def __getattr__(self, name: str):
-        # make_fake_kernel, flatten_call, flat_full, rebuild_inputs,
-        # flatten_output, rebuild_output, body_positional: generated on first
-        # use, then plain attributes.
+        # dispatch, make_kernel, make_fake_kernel, flatten_call, flat_full,
+        # rebuild_inputs, flatten_output, rebuild_output, body_positional:
+        # generated on first use, then plain attributes.
         if name in _CHUNKS:
             fn = self._function(name)
         elif name == "flatten_grads":
@@ -245,6 +253,12 @@ class Builder:
         self._ids: dict[tuple[str, int], str] = {}
         self._counter = 0
         self._sites: dict[str, list[Site]] = {}
+        # Parameters are locals named by position in the generated source, so
+        # that ops whose parameters differ only in name share compiled code;
+        # each function's own names are put back into its code object.
+        self.param_names = {f"__p{i}": p.name for i, p in enumerate(params)}
+        self.any_handles = any(leaf.handle for leaf in leaves)  # the flatten then names where each one sits
+        self._vars = {p.name: f"__p{i}" for i, p in enumerate(params)}
 
     def const(self, prefix: str, value: Any) -> str:
         """A name for `value` in the generated code's namespace."""
@@ -257,6 +271,21 @@ class Builder:
         self.ns[name] = value
         self._ids[key] = name
         return name
+
+    def var(self, p: Param) -> str:
+        """The local that holds parameter `p` in generated code: `__p0`, ..."""
+        return self._vars[p.name]
+
+    def readable(self, source: str) -> str:
+        """`source` with the parameters' own names, for tracebacks and `OpCode.source`."""
+        key = (source, tuple(self.param_names.values()))
+        text = _READABLE.get(key)
+        if text is None:
+            text = _PARAM_VAR.sub(lambda m: self.param_names[m.group(0)], source)
+            if len(_READABLE) >= 4096:
+                _READABLE.clear()
+            _READABLE[key] = text
+        return text
 
     def tmp(self, prefix: str = "t") -> str:
         self._counter += 1
@@ -279,7 +308,8 @@ class Builder:
             if p.kw_only and not star:
                 parts.append("*")
                 star = True
-            parts.append(p.name if p.default is EMPTY else f"{p.name}={self.const('D', p.default)}")
+            var = self.var(p)
+            parts.append(var if p.default is EMPTY else f"{var}={self.const('D', p.default)}")
         return ", ".join(parts)
 
     def flat_signature(self) -> str:
@@ -304,7 +334,7 @@ class Builder:
         found = self._sites.get(p.name)
         if found is None:
             found = []
-            self._walk(p.node, p.type, p.name, [], Where.parameter(p.name), found)
+            self._walk(p.node, p.type, self.var(p), [], Where.parameter(p.name), found)
             self._sites[p.name] = found
         return found
 
@@ -325,7 +355,10 @@ class Builder:
     def emit_validation(self, w: _Writer):
         """Enum arguments become members (the body gets members), Literal
         values are checked. Runs before the fast path and under Dynamo."""
-        for p in self.params:
+        checked = [p for p in self.params
+                   if any(self.leaves[i].enum is not None or self.leaves[i].allowed for i in _leaf_indices(p.node))]
+        for p in checked:
+            var = self.var(p)
             if p.node.is_leaf:
                 leaf = self.leaves[p.node.leaf_index]
                 if leaf.enum is None:
@@ -333,11 +366,11 @@ class Builder:
                 cls = self.const("E", leaf.enum)
                 to_member = self.const("to_member", _make_to_member(self.op_name, Where.parameter(p.name), leaf.enum))
                 if p.type.kind == "list":
-                    conv = f"[_e if type(_e) is {cls} else {to_member}(_e) for _e in {p.name}]"
-                    w.line(f"{p.name} = {conv}" if not p.type.optional else f"if {p.name} is not None: {p.name} = {conv}")
+                    conv = f"[_e if type(_e) is {cls} else {to_member}(_e) for _e in {var}]"
+                    w.line(f"{var} = {conv}" if not p.type.optional else f"if {var} is not None: {var} = {conv}")
                 else:
-                    guard = f"{p.name} is not None and " if p.type.optional else ""
-                    w.line(f"if {guard}type({p.name}) is not {cls}: {p.name} = {to_member}({p.name})")
+                    guard = f"{var} is not None and " if p.type.optional else ""
+                    w.line(f"if {guard}type({var}) is not {cls}: {var} = {to_member}({var})")
                 continue
             # Enum fields of a struct: rebuild the struct with members when a
             # raw value was passed (rare; the check is a few `type(..) is`).
@@ -356,9 +389,10 @@ class Builder:
                     conds.append(f"type({site.expr}) is not {cls}")
             if conds:
                 norm = self.const("members", _make_struct_normalizer(self.op_name, p))
-                guard = f"{p.name} is not None and " if p.node.optional else ""
-                w.line(f"if {guard}({' or '.join(conds)}): {p.name} = {norm}({p.name})")
-        for p in self.params:
+                var = self.var(p)
+                guard = f"{var} is not None and " if p.node.optional else ""
+                w.line(f"if {guard}({' or '.join(conds)}): {var} = {norm}({var})")
+        for p in checked:
             for site in self.sites(p):
                 leaf = self.leaves[site.index]
                 if leaf.allowed and leaf.enum is None:
@@ -388,11 +422,12 @@ class Builder:
         """Lines that compute every leaf; returns one expression per leaf."""
         out: dict[int, str] = {}
         for p in self.params:
-            self._flatten_node(w, p.node, p.name, p.type, out, Where.parameter(p.name), top=True)
+            where = Where.parameter(p.name) if self.any_handles else None
+            self._flatten_node(w, p.node, self.var(p), p.type, out, where, top=True)
         return [out[i] for i in range(len(self.leaves))]
 
-    def _flatten_node(self, w: _Writer, node: tuple, expr: str, t: TypeInfo, out: dict[int, str], where: Where,
-                      top: bool = False):
+    def _flatten_node(self, w: _Writer, node: tuple, expr: str, t: TypeInfo, out: dict[int, str],
+                      where: Where | None, top: bool = False):
         if node.is_leaf:
             index = node.leaf_index
             leaf = self.leaves[index]
@@ -428,11 +463,11 @@ class Builder:
         for i in _leaf_indices(node):
             out[i] = f"_l{i}"
 
-    def _flatten_children(self, w: _Writer, children, var: str, t: TypeInfo, where: Where):
+    def _flatten_children(self, w: _Writer, children, var: str, t: TypeInfo, where: Where | None):
         for child in children:
             sub: dict[int, str] = {}
             self._flatten_node(w, child, f"{var}.{child.name}", t.fields[child.name], sub,
-                               where.at_field(t.py, child.name))
+                               where.at_field(t.py, child.name) if where is not None else None)
             for i, e in sub.items():
                 if e != f"_l{i}":
                     w.line(f"_l{i} = {e}")
@@ -526,7 +561,7 @@ class Builder:
     def chunk_dispatch(self) -> str:
         """Converted original arguments -> the dispatcher: the flat call."""
         w = _Writer()
-        w.line(f"def _dispatch({', '.join(p.name for p in self.params)}):")
+        w.line(f"def _dispatch({', '.join(self.var(p) for p in self.params)}):")
         with w.block():
             exprs = self.emit_flatten(w)
             w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
@@ -546,15 +581,16 @@ class Builder:
                     continue
                 if not self.duck_structs:
                     cls = self.const("S", p.type.py)
-                    check = f"isinstance({p.name}, {cls})"
-                    checks.append(f"({p.name} is None or {check})" if p.node.optional else check)
-                missing.extend(self._missing_fields(p.node, p.type, p.name, False))
+                    check = f"isinstance({self.var(p)}, {cls})"
+                    checks.append(f"({self.var(p)} is None or {check})" if p.node.optional else check)
+                missing.extend(self._missing_fields(p.node, p.type, self.var(p), False))
             if checks or missing:
                 bad = [f"not ({' and '.join(checks)})"] if checks else []
                 w.line(f"if {' or '.join(bad + missing)}:")
                 with w.block():
-                    w.line(f"_convert({self.original_call_args([p.name for p in self.params])})  # raises")
-            w.line(f"return _dispatch({', '.join(p.name for p in self.params)})")
+                    w.line(f"_convert({self.original_call_args([self.var(p) for p in self.params])})  # raises")
+            exprs = self.emit_flatten(w)
+            w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
         return w.text()
 
     def _missing_fields(self, node, t: TypeInfo, expr: str, in_optional: bool) -> list[str]:
@@ -606,7 +642,7 @@ class Builder:
         w = _Writer()
         w.line("def _flatten_call(*_a, **_k):")
         with w.block():
-            names = [p.name for p in self.params]
+            names = [self.var(p) for p in self.params]
             w.line(f"({', '.join(names)}{',' if len(names) == 1 else ''}) = _convert(*_a, **_k)")
             exprs = self.emit_flatten(w)
             pos = [e for leaf, e in zip(self.leaves, exprs) if not leaf.kw_only]
@@ -751,8 +787,8 @@ def _make_flatten_grads(builder: Builder):
     top = [(p, p.node.leaf_index if p.node.is_leaf else None) for p in params]
 
     def not_a_tensor(grad, where):
-        return TypeError(f"{op}: backward returned a {type(grad).__name__} for {where}, which is not a Tensor "
-                         f"argument; return None there.")
+        return GradientTypeError(f"{op}: backward returned a {type(grad).__name__} for {where}, which is not a "
+                                 f"Tensor argument; return None there.")
 
     def assign(node, t, grad, out, where):
         if node.is_leaf:

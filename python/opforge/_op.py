@@ -7,8 +7,9 @@
     attn(q, AttnCfg(0.5, True))           # original signature
     torch.ops.mylib.attn(q, 0.5, True)    # flat leaves
 
-Registration goes through `Library.define` + `impl`, one registration per
-dispatch key, and is atomic: an error leaves nothing behind.
+Registration goes through `Library.define`, then one C++ kernel per dispatch
+key (`_C.register_kernel`, `_C.AutogradBridge`), and is atomic: an error
+leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ import torch
 from torch import _C as _torch_C
 
 from . import _C, _types, handles
-from ._codegen import EMPTY, Builder, Leaf, OpCode, Param, _leaf_indices
+from ._codegen import EMPTY, Builder, Leaf, OpCode, Param
 from ._types import Problem, Registrations, Resolver, SignatureError, TypeInfo, Where
 
 _REGISTERED: dict[str, "OpDef"] = {}
-_AFTER_AUTOGRAD = _torch_C._after_autograd_keyset
 _AFTER_ADINPLACE = _torch_C._after_ADInplaceOrView_keyset
 
 
@@ -43,7 +43,7 @@ class OpDef(_C.OpBase):
     which goes through the dispatcher."""
 
     __slots__ = ("name", "overload", "spec", "model", "boundary", "_state", "_code", "_lib", "_registrations",
-                 "_function", "_has_autograd", "_device_kernels", "__wrapped__", "__dict__")
+                 "_has_autograd", "_device_kernels", "__wrapped__", "__dict__")
 
     @property
     def schema(self) -> str:
@@ -201,6 +201,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
                                                        device_types, tags)
     regs = Registrations()
     lib = None
+    opdef = None
     symm_mem_declared = False
     try:
         extra_triton_kernels, mutates_args = tuple(extra_triton_kernels), tuple(mutates_args)
@@ -233,12 +234,14 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
         if backward is not None:
             _install_autograd(opdef, backward, setup_context)
         else:
-            opdef._registrations.append(_C.register_no_backward_kernel(name, _no_backward_message(name, fn)))
+            opdef._registrations["Autograd"] = _C.register_no_backward_kernel(name, _no_backward_message(name, fn))
         if plan is not None:
             _triton_module().record_forward(name, plan.kernels)
         _REGISTERED[name] = opdef
         return opdef
     except BaseException:
+        if opdef is not None:
+            opdef._registrations.clear()
         if _TRITON and _TRITON[0] is not None:
             _TRITON[0].forget(name)
         if symm_mem_declared:
@@ -396,8 +399,7 @@ def _new_opdef(name, fn, sig: Signature, model: OpModel, boundary, overload, sta
     opdef._state = state
     opdef._code = code
     opdef._lib = lib
-    opdef._registrations = []
-    opdef._function = None
+    opdef._registrations = {}  # dispatch key -> the registration that keeps its kernel
     opdef._has_autograd = False
     opdef._device_kernels = devices is not None
     opdef.__wrapped__ = fn
@@ -411,16 +413,23 @@ def _new_opdef(name, fn, sig: Signature, model: OpModel, boundary, overload, sta
 def _register_kernels(opdef: OpDef, body: Callable, devices: list[str] | None) -> None:
     """The dispatcher's kernels and the C entry's: one body for every device,
     or one per listed device type."""
-    ns, opname = opdef.name.split("::")
     if devices is None:
-        opdef._lib.impl(opname, opdef._code.make_kernel(body), "CompositeExplicitAutograd")
+        _set_dispatcher_kernel(opdef, "CompositeExplicitAutograd", body)
     else:
         for d in devices:
-            opdef._lib.impl(opname, opdef._code.make_kernel(body), _dispatch_key(opdef.name, d))
-    holder = [opdef]
+            _set_dispatcher_kernel(opdef, _dispatch_key(opdef.name, d), body)
     opdef._bind(opdef.boundary, body if devices is None else None, {d: body for d in devices or ()},
-                opdef._code.dispatch, lambda tensors, args: _apply_direct(holder[0], tensors, args),
-                type(opdef).__call__, False)
+                None, None, type(opdef).__call__, False)
+
+
+def _set_dispatcher_kernel(opdef: OpDef, key: str, fn: Callable) -> None:
+    """The op's C++ kernel for `key` calls `fn` (the original signature);
+    registered once per key, then only `fn` changes."""
+    kernel = opdef._registrations.get(key)
+    if kernel is None:
+        opdef._registrations[key] = _C.register_kernel(opdef.boundary, fn, key)
+    else:
+        kernel.set_fn(fn)
 
 
 _TRITON: list = []  # [the opforge.triton module, or None when unavailable]
@@ -688,9 +697,8 @@ def _no_backward_message(name: str, fn: Callable) -> str:
 
 
 def _install_kernels(opdef: OpDef, devices: list[str], fn: Callable) -> None:
-    ns, opname = opdef.name.split("::")
     for d in devices:
-        opdef._lib.impl(opname, opdef._code.make_kernel(fn), _dispatch_key(opdef.name, d))
+        _set_dispatcher_kernel(opdef, _dispatch_key(opdef.name, d), fn)
         opdef._set_kernel(d, fn)
     # The direct autograd path only knows the default body.
     opdef._device_kernels = True
@@ -718,172 +726,24 @@ def _install_version_bump(opdef: OpDef, mutated: list[int]) -> None:
 
 
 def _install_autograd(opdef: OpDef, backward: Callable, setup_context: Callable | None) -> None:
+    """The op's autograd bridge (`_C.AutogradBridge`, docs/python_ops.md#autograd):
+    its Autograd kernel replaces the no-backward one, and eager calls that
+    need a gradient record its node directly. Called again, it only replaces
+    backward and setup_context, which the bridge reads at call time."""
     backward, setup_context = _triton_autograd(opdef, backward, setup_context)
     state = opdef._state
     state.backward = backward
     state.setup_context = setup_context
     if opdef._has_autograd:
         return
-    # Replace the no-backward kernel with the autograd bridge.
-    opdef._registrations.clear()
-    overload = opdef.overload
-    code = opdef._code
-    tensor_positions = code.tensor_leaf_positions
-    ns, opname = opdef.name.split("::")
-
-    def autograd_kernel(keyset, *args, **kwargs):
-        if _torch_C.is_grad_enabled() and _torch_C._any_requires_grad(*args, **kwargs):
-            leaves = code.flat_full(*args, **kwargs)
-            return _function(opdef).apply(*[leaves[i] for i in tensor_positions], _Meta(keyset, leaves))
-        with _torch_C._AutoDispatchBelowAutograd():
-            return overload.redispatch(keyset & _AFTER_AUTOGRAD, *args, **kwargs)
-
-    opdef._lib.impl(opname, autograd_kernel, "Autograd", with_keyset=True)
+    opdef._registrations.pop("Autograd", None)  # the no-backward kernel, before the bridge takes its key
+    bridge = _C.AutogradBridge(opdef)
+    opdef._registrations["Autograd"] = bridge.register()
     opdef._has_autograd = True
-    # The direct path runs the Python body; a C++ op has none.
+    opdef._set_autograd(bridge)
+    # The direct path runs the default Python body (a C++ op has none) and bumps no versions.
     if not any(leaf.mutated for leaf in opdef.model.leaves) and not opdef._device_kernels and state.fn is not None:
         opdef._set_has_backward(True)
-
-
-class _Meta:
-    """The last input of an op's autograd.Function: how to run the forward.
-    A class, not a tuple, so that pytree-based wrappers leave it whole."""
-
-    __slots__ = ("keyset", "payload")
-
-    def __init__(self, keyset, payload):
-        self.keyset = keyset  # None: call the body with payload = the original arguments
-        self.payload = payload  # else: redispatch with payload = every leaf
-
-
-def _function(opdef: OpDef) -> type:
-    """The op's autograd.Function, made on first use (making one costs more
-    than registering the op)."""
-    cls = opdef._function
-    if cls is None:
-        cls = opdef._function = _make_function(opdef)
-    return cls
-
-
-def _apply_direct(opdef: OpDef, tensors: tuple, args: tuple):
-    """The eager path for a call that needs a gradient: the autograd.Function
-    runs the body directly instead of redispatching. `tensors` are the tensor
-    leaves, `args` the converted original arguments."""
-    apply = _function(opdef).apply
-    return apply(*tensors, _Meta(None, args))
-
-
-def _make_function(opdef: OpDef) -> type:
-    """An autograd.Function over the op's tensor leaves. Its last input says
-    how to run the forward: (None, original arguments) runs the body directly;
-    (keyset, every leaf) redispatches below autograd."""
-    state = opdef._state
-    code = opdef._code
-    overload = opdef.overload
-    model = opdef.model
-    params = code.params
-    check_return = opdef.boundary.check_return
-    tensor_positions = code.tensor_leaf_positions
-    slot = {leaf: k for k, leaf in enumerate(tensor_positions)}
-    slots_per_param = [[slot[i] for i in _leaf_indices(p.node) if i in slot] for p in params]
-    keyword = [leaf.name for leaf in model.leaves if leaf.kwarg_only]
-    npos = len(model.leaves) - len(keyword)
-    leaf_returns = all(node.is_leaf for node in model.returns)
-    multiple_returns = len(model.returns) > 1
-    positional_body = not any(p.kw_only for p in params)
-    name = opdef.name
-
-    def forward(ctx, *args):
-        meta = args[-1]
-        keyset, payload = meta.keyset, meta.payload
-        if keyset is None:
-            inputs = payload
-            # Below autograd, as the dispatcher runs a kernel.
-            with _torch_C._AutoDispatchBelowAutograd():
-                original_out = state.fn(*payload) if positional_body else code.body_positional(state.fn, *payload)
-            original_out = check_return(original_out)
-            out = original_out if leaf_returns else code.flatten_output(original_out)
-        else:
-            with _torch_C._AutoDispatchBelowAutograd():
-                out = overload.redispatch(keyset & _AFTER_AUTOGRAD, *payload[:npos],
-                                          **dict(zip(keyword, payload[npos:])))
-            if state.setup_context is not None:
-                inputs = code.rebuild_inputs(payload)
-                original_out = out if leaf_returns else code.rebuild_output(out)
-        if state.setup_context is not None:
-            state.setup_context(ctx, inputs, original_out)
-        return out
-
-    needs_per_param = _needs_input_grad_mapper(slots_per_param)
-    to_inputs = _grads_to_inputs(opdef, params, tensor_positions)
-
-    def backward(ctx, *grads):
-        grads_out = grads if len(grads) > 1 else grads[0]
-        original = grads_out if leaf_returns else code.rebuild_output(grads_out)
-        needs = ctx.needs_input_grad
-        ctx.needs_input_grad = needs_per_param(needs)
-        try:
-            result = state.backward(ctx, *original) if multiple_returns else state.backward(ctx, original)
-        finally:
-            ctx.needs_input_grad = needs
-        return to_inputs(result)
-
-    cls = type(
-        f"Backward_{name.replace('::', '_')}",
-        (torch.autograd.Function,),
-        {"forward": staticmethod(forward), "backward": staticmethod(backward)},
-    )
-    lists = any(t.startswith(("Tensor?[]", "Tensor[]")) for t in (*(leaf.type for leaf in model.leaves),
-                                                                   *model.return_types))
-    if lists:
-        from torch._library.autograd import supports_tensorlist
-
-        cls = supports_tensorlist(cls)
-    return cls
-
-
-def _needs_input_grad_mapper(slots_per_param: list[list[int]]) -> Callable:
-    """needs_input_grad of the Function's inputs -> one entry per original
-    parameter, as a straight-line lambda: `lambda n: (n[0], False, n[1] or n[2])`."""
-    items = [" or ".join(f"n[{k}]" for k in ks) if ks else "False" for ks in slots_per_param]
-    return eval(f"lambda n: ({', '.join(items)}{',' if len(items) == 1 else ''})")  # noqa: S307
-
-
-def _grads_to_inputs(opdef: OpDef, params: list[Param], tensor_positions: list[int]) -> Callable:
-    """backward's per-parameter result -> one gradient per Function input
-    (its tensor leaves, then None for the _Meta input)."""
-    code = opdef._code
-    slot = {leaf: k for k, leaf in enumerate(tensor_positions)}
-    leaf_params = [k for k, p in enumerate(params) if p.node.is_leaf]
-    struct_params = [k for k, p in enumerate(params) if not p.node.is_leaf]
-    other_params = [k for k in leaf_params if params[k].node.leaf_index not in slot]
-    count = len(params)
-    # Gradients of single-leaf parameters go straight to their input slot;
-    # a struct's slots stay None unless backward returned something for it.
-    by_slot = ["None"] * len(tensor_positions)
-    for k in leaf_params:
-        if params[k].node.leaf_index in slot:
-            by_slot[slot[params[k].node.leaf_index]] = f"r[{k}]"
-    pick = eval(f"lambda r: ({', '.join([*by_slot, 'None'])},)")  # noqa: S307
-
-    def general(result):
-        flat = code.flatten_grads(result)  # also raises the errors that name the op
-        return (*[flat[i] for i in tensor_positions], None)
-
-    def to_inputs(result):
-        if type(result) is not tuple:
-            result = (result,)
-        if len(result) != count:
-            return general(result)
-        for k in other_params:
-            if result[k] is not None:
-                return general(result)
-        for k in struct_params:
-            if result[k] is not None:
-                return general(result)
-        return pick(result)
-
-    return to_inputs
 
 
 def opcheck(op: OpDef, args: tuple, kwargs: dict | None = None, **options):

@@ -106,9 +106,24 @@ def test_bench_prints_every_row_and_the_budgets(capsys):
                 "plain Python call of the body", "struct op / plain call of the body",
                 "struct op / define+impl flat", "custom_op flat / struct op (speed-up)",
                 "custom_op+autograd / opforge, fwd+bwd", "registration, ms per op",
-                "5 args, distinct signatures"):
+                "5 args, distinct signatures", "opforge op through torch.ops, flat",
+                "opforge / torch.neg, fwd+.sum().backward()", "opforge / autograd.Function, fwd+out.backward(G)",
+                "op through torch.ops / define+impl"):
         assert row in out, row
     assert "budget <= 0.25x" in out and "budget <= 3x" in out and "budget >= 4x" in out and "budget <= 0.3 ms" in out
+    assert "budget <= 1.15x" in out and "budget <= 1.0x" in out
+
+
+def test_bench_compiled_runs_each_model_and_prints_the_step_ratio(capsys, tmp_path):
+    out_file = tmp_path / "compiled.json"
+    code, out, _ = run_cli(capsys, "bench", "--compiled", "--compiled-layers", "2", "--compiled-dim", "8",
+                           "--backend", "eager", "--repeats", "1", "--min-time", "0.001", "--json", str(out_file))
+    assert code == 0
+    assert "2 layers x 4 ops (2 tensors + a struct of 5 scalars), backend eager" in out
+    for row in ("opforge struct op", "define+impl (flat)", "custom_op (flat)", "step, opforge / define+impl"):
+        assert row in out, row
+    result = json.loads(out_file.read_text())
+    assert result["ops"] == 8 and all(r["step_us"] > 0 for r in result["rows"].values())
 
 
 def test_bench_runners_compiles_each_model_once_and_prints_the_ratios(capsys, tmp_path):

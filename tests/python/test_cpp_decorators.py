@@ -58,6 +58,7 @@ def test_the_python_backward_gets_struct_inputs_and_gives_struct_field_gradients
     op, seen = mix
     x, w, b = _inputs()
     y = op(x, structs.Lin(w=w, b=b, scale=0.5))
+    assert y.grad_fn.name() == "opforge_ext::mixBackward"  # the same autograd node as a Python op's
     g = torch.randn_like(y)
     y.backward(g)
     assert seen["setup"] == (structs.Lin, 0.5, (3, 2))

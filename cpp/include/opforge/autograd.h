@@ -1,7 +1,12 @@
 // Autograd kernels the front ends install for ops (torch layer).
 #pragma once
 
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace opforge {
@@ -20,6 +25,30 @@ class KernelRegistration {
 //   auto reg = RegisterNoBackwardKernel("mylib::op", "mylib::op has no backward; ...");
 std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname,
                                                              const std::string& message);
+
+// The dispatch keys a kernel runs below, as the op's Autograd kernel sets
+// them (see RedispatchBelowAutograd): below autograd, and below ADInplaceOrView
+// too unless the op mutates an argument.
+class BelowAutograd {
+ public:
+  explicit BelowAutograd(bool mutates) {
+    if (mutates) {
+      autograd_.emplace();
+    } else {
+      inplace_or_view_.emplace();
+    }
+  }
+
+ private:
+  std::optional<at::AutoDispatchBelowAutograd> autograd_;
+  std::optional<at::AutoDispatchBelowADInplaceOrView> inplace_or_view_;
+};
+
+// What an Autograd kernel does to run the op itself: redispatch below
+// autograd, and past ADInplaceOrView too unless the op mutates an argument
+// (its ADInplaceOrView kernel bumps versions), as torch's autograd fallback does.
+void RedispatchBelowAutograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
+                             bool mutates);
 
 // Drops the no-backward kernel the torch layer gave an op of a C++ library,
 // so that a backward registered from Python can take its place. False when

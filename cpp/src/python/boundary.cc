@@ -10,6 +10,8 @@
 // returns another kind of object for them, or crashes).
 #include "boundary.h"
 
+#include "autograd.h"
+
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/record_function.h>
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -32,6 +34,7 @@
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
 #include <cstring>
+#include <functional>
 
 namespace py = pybind11;
 
@@ -436,9 +439,36 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
     const Location where{lowered.returns.size() == 1 ? "return value" : "return value " + std::to_string(i), {}};
     returns_.push_back(BuildReturn(lowered.returns[i], flat_, where, classes));
   }
+  std::vector<std::string> flat_kw;
+  for (const auto& arg : flat_.arguments()) {
+    argument_rules_.push_back(MakeRule(arg.real_type(), arg.N()));
+    if (arg.kwarg_only()) {
+      flat_kw.push_back(arg.name());
+    } else {
+      ++num_flat_positional_;
+    }
+  }
+  if (!flat_kw.empty()) {
+    py::tuple t(flat_kw.size());
+    for (size_t i = 0; i < flat_kw.size(); ++i) t[i] = py::str(flat_kw[i]);
+    flat_kwnames_ = t;
+  }
+  for (const auto& ret : flat_.returns()) return_rules_.push_back(MakeRule(ret.real_type(), std::nullopt));
 }
 
 Boundary::~Boundary() = default;
+
+PyObject* Boundary::PresentArgument(size_t index, const c10::IValue& value) const {
+  PyObject* out = Present(argument_rules_.at(index), value);
+  if (out == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, (op_ + ": a value out of range").c_str());
+  return out;
+}
+
+PyObject* Boundary::PresentReturn(size_t index, const c10::IValue& value) const {
+  PyObject* out = Present(return_rules_.at(index), value);
+  if (out == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, (op_ + ": a value out of range").c_str());
+  return out;
+}
 
 namespace {
 
@@ -526,6 +556,7 @@ Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat
   node.where = where;
   if (m.kind == MappingNode::Kind::kLeaf) {
     const c10::Argument& ret = flat.returns().at(static_cast<size_t>(m.leaf_index));
+    node.leaf_index = m.leaf_index;
     node.rule = MakeRule(ret.real_type(), std::nullopt);
     node.optional = node.rule.optional;
     return node;
@@ -558,59 +589,17 @@ c10::IValue LeafIValue(const LeafRule& rule, const c10::Argument& arg, PyObject*
 
 }  // namespace
 
-bool Boundary::FlattenNode(const Node& node, PyObject* obj, std::vector<c10::IValue>& stack) {
-  switch (node.kind) {
-    case Node::Kind::kLeaf:
-    case Node::Kind::kLiteral:
-    case Node::Kind::kHandle: {
-      const auto index = static_cast<size_t>(node.leaf_index);
-      stack[index] = LeafIValue(node.rule, flat_.arguments()[index], obj);
-      return true;
-    }
-    case Node::Kind::kEnum: {
-      // The body gets members; the dispatcher, their values.
-      const auto index = static_cast<size_t>(node.leaf_index);
-      if (obj == Py_None) {
-        stack[index] = c10::IValue();
-        return true;
-      }
-      auto raw = [](PyObject* member) { return py::reinterpret_steal<py::object>(PyObject_GetAttrString(member, "value")); };
-      if (node.is_list) {
-        py::list values;
-        for (py::handle item : py::reinterpret_borrow<py::object>(obj)) values.append(raw(item.ptr()));
-        stack[index] = torch::jit::toIValue(values, flat_.arguments()[index].real_type());
-      } else {
-        py::object value = raw(obj);
-        if (!value) return false;
-        stack[index] = torch::jit::toIValue(value, flat_.arguments()[index].real_type());
-      }
-      return true;
-    }
-    case Node::Kind::kStruct: {
-      const bool present = obj != Py_None;
-      if (node.presence_index >= 0) stack[static_cast<size_t>(node.presence_index)] = present;
-      for (size_t i = 0; i < node.children.size(); ++i) {
-        py::object field;
-        if (present) {
-          field = py::reinterpret_steal<py::object>(PyObject_GetAttr(obj, node.field_names[i].ptr()));
-          if (!field) return false;
-        } else {
-          field = py::none();
-        }
-        if (!FlattenNode(node.children[i], field.ptr(), stack)) return false;
-      }
-      return true;
-    }
-  }
-  return true;
-}
-
 bool Boundary::Flatten(PyObject* const* converted, std::vector<c10::IValue>& stack) {
-  stack.resize(flat_.arguments().size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!FlattenNode(params_[i], converted[i], stack)) return false;
+  const size_t n = flat_.arguments().size();
+  c10::SmallVector<PyObject*, 16> leaves(n, nullptr);
+  std::vector<PyObject*> owned;
+  const bool ok = FlattenLeaves(converted, leaves.data(), owned);
+  if (ok) {
+    stack.resize(n);
+    for (size_t i = 0; i < n; ++i) stack[i] = LeafIValue(argument_rules_[i], flat_.arguments()[i], leaves[i]);
   }
-  return true;
+  for (PyObject* p : owned) Py_DECREF(p);
+  return ok;
 }
 
 // --- binding and conversion --------------------------------------------------
@@ -887,6 +876,124 @@ PyObject* Boundary::CheckReturn(PyObject* value) {
   return out;
 }
 
+// --- the dispatcher path -----------------------------------------------------
+
+bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, std::vector<PyObject*>& owned) {
+  auto keep = [&](PyObject* obj) {
+    if (obj != nullptr) owned.push_back(obj);
+    return obj;
+  };
+  switch (node.kind) {
+    case Node::Kind::kLeaf:
+    case Node::Kind::kLiteral:
+      leaves[node.leaf_index] = value;
+      return true;
+    case Node::Kind::kEnum: {
+      // The boundary made every value a member; the leaf is its raw value.
+      static PyObject* const kValue = PyUnicode_InternFromString("value");
+      if (value == Py_None) {
+        leaves[node.leaf_index] = value;
+        return true;
+      }
+      if (!node.is_list) return (leaves[node.leaf_index] = keep(PyObject_GetAttr(value, kValue))) != nullptr;
+      const Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+      PyObject* list = keep(PyList_New(n));
+      if (list == nullptr) return false;
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* raw = PyObject_GetAttr(PySequence_Fast_ITEMS(value)[i], kValue);
+        if (raw == nullptr) return false;
+        PyList_SET_ITEM(list, i, raw);
+      }
+      leaves[node.leaf_index] = list;
+      return true;
+    }
+    case Node::Kind::kHandle: {
+      if (value == Py_None) {
+        leaves[node.leaf_index] = value;
+        return true;
+      }
+      if (!handle_for_) handle_for_ = py::module_::import("opforge.handles").attr("handle_for");
+      py::str at(op_ + ": " + node.where.Text());
+      PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
+      return (leaves[node.leaf_index] = keep(PyObject_Vectorcall(handle_for_.ptr(), call_args, 3, nullptr))) !=
+             nullptr;
+    }
+    case Node::Kind::kStruct: {
+      if (value == Py_None) {
+        // An absent optional struct: its presence leaves False, every other leaf None.
+        std::function<void(const Node&)> absent = [&](const Node& n) {
+          if (n.kind != Node::Kind::kStruct) {
+            leaves[n.leaf_index] = Py_None;
+            return;
+          }
+          if (n.optional) leaves[n.presence_index] = Py_False;
+          for (const Node& child : n.children) absent(child);
+        };
+        absent(node);
+        return true;
+      }
+      if (node.optional) leaves[node.presence_index] = Py_True;
+      for (size_t i = 0; i < node.children.size(); ++i) {
+        PyObject* field = keep(PyObject_GetAttr(value, node.field_names[i].ptr()));
+        if (field == nullptr || !FlattenArgument(node.children[i], field, leaves, owned)) return false;
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
+PyObject* Boundary::RebuildReturn(const Node& node, PyObject* const* flat) {
+  if (node.kind != Node::Kind::kStruct) return Py_NewRef(flat[node.leaf_index]);
+  Refs fields;
+  for (const Node& child : node.children) {
+    PyObject* value = RebuildReturn(child, flat);
+    if (value == nullptr) return nullptr;
+    fields.items.push_back(value);
+  }
+  return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
+}
+
+bool Boundary::FlattenLeaves(PyObject* const* converted, PyObject** leaves, std::vector<PyObject*>& owned) {
+  for (size_t p = 0; p < params_.size(); ++p) {
+    if (!FlattenArgument(params_[p], converted[p], leaves, owned)) return false;
+  }
+  return true;
+}
+
+PyObject* Boundary::Dispatch(PyObject* overload, PyObject* const* converted) {
+  const size_t n = flat_.arguments().size();
+  c10::SmallVector<PyObject*, 16> leaves(n, nullptr);
+  std::vector<PyObject*> owned;
+  struct Release {
+    std::vector<PyObject*>& items;
+    ~Release() {
+      for (PyObject* p : items) Py_DECREF(p);
+    }
+  } release{owned};
+  if (!FlattenLeaves(converted, leaves.data(), owned)) return nullptr;
+  PyObject* out = PyObject_Vectorcall(overload, leaves.data(), num_flat_positional_, flat_kwnames_.ptr());
+  if (out == nullptr) return nullptr;
+  bool leaf_returns = true;
+  for (const Node& r : returns_) leaf_returns = leaf_returns && r.kind != Node::Kind::kStruct;
+  if (leaf_returns) return out;
+  owned.push_back(out);
+  const size_t nflat = flat_.returns().size();
+  PyObject* const* flat = nflat == 1 ? &out : PySequence_Fast_ITEMS(out);
+  if (returns_.size() == 1) return RebuildReturn(returns_[0], flat);
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(returns_.size()));
+  if (tuple == nullptr) return nullptr;
+  for (size_t r = 0; r < returns_.size(); ++r) {
+    PyObject* value = RebuildReturn(returns_[r], flat);
+    if (value == nullptr) {
+      Py_DECREF(tuple);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(r), value);
+  }
+  return tuple;
+}
+
 // --- Python-facing helpers ---------------------------------------------------
 
 py::tuple Boundary::ConvertCall(py::args args, py::kwargs kwargs) {
@@ -916,19 +1023,19 @@ py::tuple Boundary::ConvertCall(py::args args, py::kwargs kwargs) {
 
 py::list Boundary::CacheableLeaves() {
   py::list out;
-  for (const auto& arg : flat_.arguments()) out.append(CacheableLeaf(MakeRule(arg.real_type(), arg.N())));
+  for (const auto& rule : argument_rules_) out.append(CacheableLeaf(rule));
   return out;
 }
 
 py::list Boundary::FlatDefaults() {
   py::list out;
-  for (const auto& arg : flat_.arguments()) {
+  for (size_t i = 0; i < flat_.arguments().size(); ++i) {
+    const auto& arg = flat_.arguments()[i];
     if (!arg.default_value()) {
       out.append(py::none());
       continue;
     }
-    LeafRule rule = MakeRule(arg.real_type(), arg.N());
-    PyObject* value = Present(rule, *arg.default_value());
+    PyObject* value = Present(argument_rules_[i], *arg.default_value());
     if (value == nullptr) throw py::error_already_set();
     out.append(py::make_tuple(py::reinterpret_steal<py::object>(value)));
   }
@@ -1083,10 +1190,12 @@ struct OpObject {
   Boundary* boundary;
   PyObject* default_kernel;
   std::array<PyObject*, kNumDeviceTypes>* kernels;
-  PyObject* dispatch;  // dispatch(*converted): the dispatcher path
-  PyObject* autograd;  // autograd(tensors, converted): the autograd bridge, or null
+  PyObject* dispatch;  // dispatch(*converted): the dispatcher path, or null: the boundary flattens
+  PyObject* overload;  // the op's OpOverload, when dispatch is null
+  PyObject* autograd;  // the op's _C.AutogradBridge, or null
+  GradBridge* bridge;  // the bridge inside `autograd`
   PyObject* fallback;  // the class's Python __call__, for what the boundary cannot bind
-  bool has_backward;
+  bool has_backward;   // eager calls that need a gradient take the bridge
   // Ops whose kernels torch calls (C++ libraries): the eager path calls the
   // dispatcher from here, as torch.ops would, without the Python flatten.
   std::optional<c10::OperatorHandle>* dispatcher_op;
@@ -1198,7 +1307,7 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
     PyObject* result;
     {
       // What the dispatcher's autograd step does before calling the kernel.
-      at::AutoDispatchBelowAutograd guard;
+      BelowAutograd guard(!b->mutated_slots().empty());
       result = PyObject_Vectorcall(kernel, out, b->num_positional(), b->body_kwnames());
     }
     if (result == nullptr) return nullptr;
@@ -1206,25 +1315,11 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
     Py_DECREF(result);
     return checked;
   }
-  if (mode == 1 && op->has_backward && op->autograd != nullptr) {
-    PyObject* tensor_tuple = PyTuple_New(static_cast<Py_ssize_t>(nslots));
-    if (tensor_tuple == nullptr) return nullptr;
-    for (size_t i = 0; i < nslots; ++i) {
-      PyTuple_SET_ITEM(tensor_tuple, static_cast<Py_ssize_t>(i), Py_NewRef(tensors[i] ? tensors[i] : Py_None));
-    }
-    PyObject* arg_tuple = PyTuple_New(static_cast<Py_ssize_t>(n));
-    if (arg_tuple == nullptr) {
-      Py_DECREF(tensor_tuple);
-      return nullptr;
-    }
-    for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(arg_tuple, static_cast<Py_ssize_t>(i), Py_NewRef(out[i]));
-    PyObject* call_args[] = {tensor_tuple, arg_tuple};
-    PyObject* result = PyObject_Vectorcall(op->autograd, call_args, 2, nullptr);
-    Py_DECREF(tensor_tuple);
-    Py_DECREF(arg_tuple);
-    return result;
+  if (mode == 1 && op->has_backward && op->bridge != nullptr && op->default_kernel != nullptr) {
+    return CallWithGrad(*op->bridge, op->default_kernel, out, tensors);
   }
-  return PyObject_Vectorcall(op->dispatch, out, n, nullptr);
+  if (op->dispatch != nullptr) return PyObject_Vectorcall(op->dispatch, out, n, nullptr);
+  return b->Dispatch(op->overload, out);
 }
 
 PyObject* OpCall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -1260,6 +1355,7 @@ int OpTraverse(PyObject* self, visitproc visit, void* arg) {
     for (PyObject* k : *op->kernels) Py_VISIT(k);
   }
   Py_VISIT(op->dispatch);
+  Py_VISIT(op->overload);
   Py_VISIT(op->autograd);
   Py_VISIT(op->fallback);
   Py_VISIT(op->rebuild_output);
@@ -1275,6 +1371,8 @@ int OpClear(PyObject* self) {
     for (PyObject*& k : *op->kernels) Py_CLEAR(k);
   }
   Py_CLEAR(op->dispatch);
+  Py_CLEAR(op->overload);
+  op->bridge = nullptr;
   Py_CLEAR(op->autograd);
   Py_CLEAR(op->fallback);
   Py_CLEAR(op->rebuild_output);
@@ -1298,7 +1396,15 @@ c10::DeviceType ParseDeviceType(PyObject* name) {
   return c10::Device(text).type();
 }
 
-// _bind(boundary, default_kernel, kernels, dispatch, autograd, fallback, has_backward)
+// The op's autograd bridge, or None.
+void SetBridge(OpObject* op, PyObject* bridge) {
+  GradBridge* b = AsGradBridge(bridge);
+  Py_XSETREF(op->autograd, b == nullptr ? nullptr : Py_NewRef(bridge));
+  op->bridge = b;
+}
+
+// _bind(boundary, default_kernel, kernels, dispatch, autograd, fallback, has_backward);
+// dispatch None: the boundary flattens the call for self.overload.
 PyObject* OpBind(PyObject* self, PyObject* args) {
   auto* op = reinterpret_cast<OpObject*>(self);
   PyObject *boundary, *default_kernel, *kernels, *dispatch, *autograd, *fallback;
@@ -1318,8 +1424,15 @@ PyObject* OpBind(PyObject* self, PyObject* args) {
     while (PyDict_Next(kernels, &pos, &key, &value)) {
       Py_XSETREF((*op->kernels)[static_cast<size_t>(ParseDeviceType(key))], Py_NewRef(value));
     }
-    Py_XSETREF(op->dispatch, Py_NewRef(dispatch));
-    Py_XSETREF(op->autograd, autograd == Py_None ? nullptr : Py_NewRef(autograd));
+    if (dispatch == Py_None) {
+      PyObject* overload = PyObject_GetAttrString(self, "overload");
+      if (overload == nullptr) return nullptr;
+      Py_XSETREF(op->overload, overload);
+      Py_CLEAR(op->dispatch);
+    } else {
+      Py_XSETREF(op->dispatch, Py_NewRef(dispatch));
+    }
+    SetBridge(op, autograd);
     Py_XSETREF(op->fallback, Py_NewRef(fallback));
     op->has_backward = has_backward != 0;
   } catch (const std::exception& e) {
@@ -1348,6 +1461,16 @@ PyObject* OpSetKernel(PyObject* self, PyObject* args) {
 
 PyObject* OpSetBackward(PyObject* self, PyObject* arg) {
   reinterpret_cast<OpObject*>(self)->has_backward = PyObject_IsTrue(arg) == 1;
+  Py_RETURN_NONE;
+}
+
+PyObject* OpSetAutograd(PyObject* self, PyObject* bridge) {
+  try {
+    SetBridge(reinterpret_cast<OpObject*>(self), bridge);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_TypeError, e.what());
+    return nullptr;
+  }
   Py_RETURN_NONE;
 }
 
@@ -1383,8 +1506,10 @@ PyMethodDef kOpMethods[] = {
      "_set_dispatcher_op(name, rebuild_output): eager calls go to torch's dispatcher from C (C++ ops)."},
     {"_bind", OpBind, METH_VARARGS,
      "_bind(boundary, default_kernel, kernels, dispatch, autograd, fallback, has_backward)"},
+    {"_set_has_backward", OpSetBackward, METH_O, "Whether eager calls that need a gradient take the bridge."},
     {"_set_kernel", OpSetKernel, METH_VARARGS, "_set_kernel(device_type or None, kernel)"},
-    {"_set_has_backward", OpSetBackward, METH_O, "Whether gradients go through the autograd bridge."},
+    {"_set_autograd", OpSetAutograd, METH_O,
+     "_set_autograd(bridge or None): the op's _C.AutogradBridge."},
     {"_fast_check", OpFastCheck, METH_O,
      "_fast_check(tensors) -> -1 (dispatcher path), 0 (run the body), 1 (a gradient is needed)."},
     {nullptr, nullptr, 0, nullptr}};

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "opforge/autograd.h"
 #include "opforge/spec.h"
 
 namespace opforge {
@@ -86,7 +87,7 @@ struct Node {
   bool is_list = false;  // kEnum/kLiteral: a list of them
   LeafRule rule;         // kLeaf; the raw value's rule for kEnum/kLiteral
   int tensor_slot = -1;  // kLeaf holding tensors: its index among the tensor leaves
-  int leaf_index = -1;   // kLeaf/kEnum/kLiteral/kHandle: its flat argument
+  int leaf_index = -1;   // kLeaf/kEnum/kLiteral/kHandle: its flat argument (or return)
   int presence_index = -1;  // kStruct of an Optional[Struct]: its `__is_set` flat argument
   Location where;
   pybind11::object cls;       // kStruct/kEnum/kHandle
@@ -141,6 +142,24 @@ class Boundary {
   // Positions (among the tensor leaves) of mutated tensors.
   const std::vector<int>& mutated_slots() const { return mutated_slots_; }
 
+  // The parameters and returns as trees over the flat leaves, and the flat schema.
+  const std::vector<Node>& params() const { return params_; }
+  const std::vector<Node>& returns() const { return returns_; }
+  const c10::FunctionSchema& flat() const { return flat_; }
+
+  // The dispatcher path of an eager call: the converted arguments flattened
+  // into leaves, `overload` called with them, its output rebuilt in the
+  // original form. A new reference, or null with a Python error set.
+  //
+  //   Dispatch(ns.attn.default, [q, AttnCfg(0.5, True)])  # ns.attn.default(q, 0.5, True)
+  PyObject* Dispatch(PyObject* overload, PyObject* const* converted);
+
+  // A flat argument (or return) value from the dispatcher, as torch hands it
+  // to a Python kernel (dtype codes as torch.dtype, ...). A new reference, or
+  // null with a Python error set.
+  PyObject* PresentArgument(size_t index, const c10::IValue& value) const;
+  PyObject* PresentReturn(size_t index, const c10::IValue& value) const;
+
   // Python-facing helpers.
   pybind11::tuple ConvertCall(pybind11::args args, pybind11::kwargs kwargs);
   pybind11::list CacheableLeaves();
@@ -153,7 +172,11 @@ class Boundary {
   PyObject* ConvertStruct(Node& node, PyObject* obj, PyObject** tensors,
                           std::vector<PyObject*>& keep, const char* context);
   PyObject* ConvertReturnNode(Node& node, PyObject* obj);
-  bool FlattenNode(const Node& node, PyObject* obj, std::vector<c10::IValue>& stack);
+  // The flat leaves of converted values, borrowed from them or from `owned`
+  // (new references: enum values, handles). False with an error set.
+  bool FlattenLeaves(PyObject* const* converted, PyObject** leaves, std::vector<PyObject*>& owned);
+  bool FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, std::vector<PyObject*>& owned);
+  PyObject* RebuildReturn(const Node& node, PyObject* const* flat);
   Node BuildParam(const MappingNode& m, const LoweredOp& lowered, const c10::FunctionSchema& flat,
                   const Location& where, pybind11::dict classes, pybind11::dict enum_values,
                   pybind11::dict handle_classes, bool top);
@@ -170,8 +193,13 @@ class Boundary {
   std::vector<int> mutated_slots_;
   pybind11::object body_kwnames_;
   pybind11::object handle_check_;
+  pybind11::object handle_for_;  // opforge.handles.handle_for, loaded when a handle is first flattened
+  pybind11::object flat_kwnames_;  // the keyword-only flat arguments' names, or null
+  size_t num_flat_positional_ = 0;
   bool duck_structs_ = false;
   c10::FunctionSchema flat_;
+  std::vector<LeafRule> argument_rules_;  // per flat argument
+  std::vector<LeafRule> return_rules_;    // per flat return
 };
 
 // Whether the eager fast path may run for these tensor leaves:
@@ -179,5 +207,9 @@ class Boundary {
 int FastPathMode(PyObject* const* tensors, size_t n, c10::DeviceType* device);
 
 void InitBoundary(pybind11::module_& m);
+
+// _C.register_kernel(boundary, fn, dispatch_key): the op's kernel for the
+// dispatcher (kernel.cc).
+void InitKernels(pybind11::module_& m);
 
 }  // namespace opforge

@@ -27,6 +27,8 @@ namespace py = pybind11;
 namespace opforge {
 
 void InitBoundary(py::module_& m);
+void InitAutograd(py::module_& m);
+void InitKernels(py::module_& m);
 
 namespace {
 
@@ -385,6 +387,8 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("qualname"), py::arg("message"),
         "Installs the Autograd kernel of an op without backward; it stays while the result lives.");
+  InitAutograd(m);
+  InitKernels(m);
 
   // Python objects in the shared handle table: the payload is a PyObject
   // (a weakref, or the object itself when pinned), typed "py:<name>".

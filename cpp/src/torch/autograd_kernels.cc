@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "opforge/autograd.h"
@@ -33,99 +34,81 @@ NodePtr MakeNode(Args&&... args) {
   }
 }
 
-// Messages by op name; the boxed kernel looks its own up.
-std::mutex& MessagesMutex() {
-  static std::mutex mu;
-  return mu;
-}
-std::unordered_map<std::string, std::string>& Messages() {
-  static auto* messages = new std::unordered_map<std::string, std::string>();
-  return *messages;
-}
 
-
-void NoBackwardKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
-                      torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  const size_t num_args = schema.arguments().size();
-  const size_t first = stack->size() - num_args;
-  // Calls without a gradient in sight (inference, no input requiring grad)
-  // pay one scan of the arguments, nothing more.
-  bool needs_grad = false;
-  if (c10::GradMode::is_enabled()) {
-    for (size_t i = first; i < stack->size() && !needs_grad; ++i) {
-      const c10::IValue& v = (*stack)[i];
-      if (v.isTensor()) {
-        needs_grad = v.toTensor().requires_grad();
-      } else if (v.isTensorList() || v.isList()) {
-        ForEachTensor(v, [&](const at::Tensor& t) { needs_grad = needs_grad || (t.defined() && t.requires_grad()); });
-      }
-    }
-  }
-  if (!needs_grad) {
-    at::AutoDispatchBelowAutograd guard;
-    op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
-    return;
-  }
-  std::vector<Variable> inputs;
-  std::vector<std::vector<at::Tensor>> written(num_args);
-  for (size_t i = first; i < stack->size(); ++i) {
-    const auto& alias = schema.arguments()[i - first].alias_info();
-    const bool writes = alias && alias->isWrite();
-    ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
-      inputs.push_back(t);
-      if (writes) written[i - first].push_back(t);
-    });
-  }
-  {
-    at::AutoDispatchBelowAutograd guard;
-    op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
-  }
-  std::string message;
-  {
-    std::lock_guard<std::mutex> lock(MessagesMutex());
-    message = Messages()[schema.name()];
-  }
-  NodePtr node =
-      MakeNode<torch::autograd::Error>(message, torch::autograd::collect_next_edges(inputs));
-  // Arguments the op writes (`Tensor(a!)`) now hold values computed from
-  // inputs that require grad: they get the error node too.
-  for (size_t i = 0; i < num_args; ++i) {
-    const auto& alias = schema.arguments()[i].alias_info();
-    if (!alias || !alias->isWrite()) continue;
-    for (const auto& t : written[i]) {
-      if (!t.defined() || !torch::autograd::isDifferentiableType(t.scalar_type())) continue;
-      TORCH_CHECK(!(t.is_leaf() && t.requires_grad()), schema.name(), ": argument '",
-                  schema.arguments()[i].name(),
-                  "' is a leaf tensor that requires grad, and the op writes it in place.");
-      torch::autograd::set_history(const_cast<at::Tensor&>(t), node);
-    }
-  }
-  const size_t num_returns = schema.returns().size();
-  for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
-    ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
-      if (!t.defined() || !torch::autograd::isDifferentiableType(t.scalar_type())) return;
-      // Outputs that are inputs (in-place results) keep their own history.
-      for (const auto& in : inputs) {
-        if (in.defined() && in.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
-      }
-      torch::autograd::set_history(const_cast<at::Tensor&>(t), node);
-    });
-  }
-}
-
-class LibraryRegistration : public KernelRegistration {
+// The Autograd kernel of one op without backward.
+class NoBackwardKernel : public c10::OperatorKernel {
  public:
-  LibraryRegistration(std::string qualname, std::unique_ptr<torch::Library> lib)
-      : qualname_(std::move(qualname)), lib_(std::move(lib)) {}
-  ~LibraryRegistration() override {
-    lib_.reset();
-    std::lock_guard<std::mutex> lock(MessagesMutex());
-    Messages().erase(qualname_);
+  NoBackwardKernel(std::string message, bool mutates) : message_(std::move(message)), mutates_(mutates) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    const auto& schema = op.schema();
+    const size_t num_args = schema.arguments().size();
+    const size_t first = stack->size() - num_args;
+    // Calls without a gradient in sight (inference, no input requiring grad)
+    // pay one scan of the arguments, nothing more.
+    bool needs_grad = false;
+    if (c10::GradMode::is_enabled()) {
+      for (size_t i = first; i < stack->size() && !needs_grad; ++i) {
+        const c10::IValue& v = (*stack)[i];
+        if (v.isTensor()) {
+          needs_grad = v.toTensor().requires_grad();
+        } else if (v.isTensorList() || v.isList()) {
+          ForEachTensor(v, [&](const at::Tensor& t) { needs_grad = needs_grad || (t.defined() && t.requires_grad()); });
+        }
+      }
+    }
+    if (!needs_grad) {
+      RedispatchBelowAutograd(op, ks, stack, mutates_);
+      return;
+    }
+    std::vector<Variable> inputs;
+    std::vector<std::vector<at::Tensor>> written(num_args);
+    for (size_t i = first; i < stack->size(); ++i) {
+      const auto& alias = schema.arguments()[i - first].alias_info();
+      const bool writes = alias && alias->isWrite();
+      ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
+        inputs.push_back(t);
+        if (writes) written[i - first].push_back(t);
+      });
+    }
+    RedispatchBelowAutograd(op, ks, stack, mutates_);
+    NodePtr node = MakeNode<torch::autograd::Error>(message_, torch::autograd::collect_next_edges(inputs));
+    // Arguments the op writes (`Tensor(a!)`) now hold values computed from
+    // inputs that require grad: they get the error node too.
+    for (size_t i = 0; i < num_args; ++i) {
+      const auto& alias = schema.arguments()[i].alias_info();
+      if (!alias || !alias->isWrite()) continue;
+      for (const auto& t : written[i]) {
+        if (!t.defined() || !torch::autograd::isDifferentiableType(t.scalar_type())) continue;
+        TORCH_CHECK(!(t.is_leaf() && t.requires_grad()), schema.name(), ": argument '",
+                    schema.arguments()[i].name(),
+                    "' is a leaf tensor that requires grad, and the op writes it in place.");
+        torch::autograd::set_history(const_cast<at::Tensor&>(t), node);
+      }
+    }
+    const size_t num_returns = schema.returns().size();
+    for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
+      ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
+        if (!t.defined() || !torch::autograd::isDifferentiableType(t.scalar_type())) return;
+        // Outputs that are inputs (in-place results) keep their own history.
+        for (const auto& in : inputs) {
+          if (in.defined() && in.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
+        }
+        torch::autograd::set_history(const_cast<at::Tensor&>(t), node);
+      });
+    }
   }
 
  private:
-  std::string qualname_;
+  std::string message_;
+  bool mutates_;  // the op writes an argument: its ADInplaceOrView kernel bumps versions
+};
+
+class LibraryRegistration : public KernelRegistration {
+ public:
+  explicit LibraryRegistration(std::unique_ptr<torch::Library> lib) : lib_(std::move(lib)) {}
+
+ private:
   std::unique_ptr<torch::Library> lib_;
 };
 
@@ -217,6 +200,12 @@ const bool kListening = (LibraryRegistry::Global().Listen(&OnLibraryOp), true);
 
 }  // namespace
 
+void RedispatchBelowAutograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
+                             bool mutates) {
+  BelowAutograd guard(mutates);
+  op.redispatchBoxed(ks & (mutates ? c10::after_autograd_keyset : c10::after_ADInplaceOrView_keyset), stack);
+}
+
 bool DropNoBackwardKernel(const std::string& qualname) {
   std::lock_guard<std::mutex> lock(LibraryKernelsMutex());
   return NoBackwardKernels().erase(qualname) > 0;
@@ -227,16 +216,13 @@ std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& 
   const size_t sep = qualname.find("::");
   const std::string ns = qualname.substr(0, sep);
   const std::string name = qualname.substr(sep + 2);
-  {
-    std::lock_guard<std::mutex> lock(MessagesMutex());
-    Messages()[qualname] = message;
-  }
+  const bool mutates = c10::Dispatcher::singleton().findSchemaOrThrow(qualname.c_str(), "").schema().is_mutable();
   auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt,
                                               __FILE__, __LINE__);
-  lib->impl(name.c_str(),
-            torch::dispatch(c10::DispatchKey::Autograd,
-                            torch::CppFunction::makeFromBoxedFunction<&NoBackwardKernel>()));
-  return std::make_unique<LibraryRegistration>(qualname, std::move(lib));
+  lib->impl(name.c_str(), torch::dispatch(c10::DispatchKey::Autograd,
+                                          torch::CppFunction::makeFromBoxedFunctor(
+                                              std::make_unique<NoBackwardKernel>(message, mutates))));
+  return std::make_unique<LibraryRegistration>(std::move(lib));
 }
 
 }  // namespace opforge

@@ -1,0 +1,1157 @@
+// The autograd bridge (see autograd.h). A call that needs a gradient records
+// one OpNode, as torch's own ops record theirs; the node's inputs are the
+// defined tensors of the op's tensor leaves (lists expanded), its outputs the
+// op's flat tensor returns. What autograd.Function does for a Python
+// Function (saved tensors with version checks, mark_dirty,
+// mark_non_differentiable, set_materialize_grads, needs_input_grad) is done
+// here with the same torch functions, without its Python layers.
+#include "autograd.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/GradMode.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/saved_variable.h>
+#include <torch/csrc/autograd/variable_info.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "boundary.h"
+#include "opforge/autograd.h"
+#include "opforge/backward.h"
+
+namespace py = pybind11;
+
+namespace opforge {
+namespace {
+
+using torch::autograd::Variable;
+using torch::autograd::variable_list;
+using OptionalVariables = std::vector<std::optional<Variable>>;
+using ImplSet = std::unordered_set<at::TensorImpl*>;
+
+// torch 2.13 moved autograd nodes from shared_ptr to intrusive_ptr.
+using NodePtr = decltype(torch::autograd::Edge{}.function);
+
+template <typename T>
+auto MakeNode(std::shared_ptr<GradBridge> bridge) {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>) {
+    return std::make_shared<T>(std::move(bridge));
+  } else {
+    return c10::make_intrusive<T>(std::move(bridge));
+  }
+}
+
+// An owning pointer to a live node, from the node itself.
+template <class T>
+NodePtr SelfPtr(T* node) {
+  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>) {
+    return node->shared_from_this();
+  } else {
+    return node->getptr();
+  }
+}
+
+// _wrap_outputs' parameters differ between torch releases: newer ones take
+// `pure_view`, and from 2.14 an out-parameter naming the node that took the
+// outputs, for node-creation hooks. The overload that compiles is taken.
+template <int N>
+struct Priority : Priority<N - 1> {};
+template <>
+struct Priority<0> {};
+
+struct WrapArgs {
+  const ImplSet& non_differentiable;
+  const ImplSet& dirty;
+  at::ArrayRef<std::optional<Variable>> raw;
+  const NodePtr& node;
+  const torch::autograd::_jvp_fn_t& jvp;
+  const ImplSet& to_save_if_setup_context;
+  const torch::autograd::_view_as_self_fn_t& view_as_self;
+};
+
+template <class V>
+auto Wrap(Priority<2>, const V& inputs, const WrapArgs& a, NodePtr& attached)
+    -> decltype(torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
+                                               a.to_save_if_setup_context, a.view_as_self, false, attached)) {
+  return torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
+                                        a.to_save_if_setup_context, a.view_as_self, false, attached);
+}
+
+template <class V>
+auto Wrap(Priority<1>, const V& inputs, const WrapArgs& a, NodePtr&)
+    -> decltype(torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
+                                               a.to_save_if_setup_context, a.view_as_self, false)) {
+  return torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
+                                        a.to_save_if_setup_context, a.view_as_self, false);
+}
+
+template <class V>
+auto Wrap(Priority<0>, const V& inputs, const WrapArgs& a, NodePtr&)
+    -> decltype(torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
+                                               a.to_save_if_setup_context, a.view_as_self)) {
+  return torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
+                                        a.to_save_if_setup_context, a.view_as_self);
+}
+
+// torch 2.14+ runs node-creation hooks once a node has its saved variables
+// (found through the node's namespace, where it exists).
+template <class P>
+auto FireCreationHooks(Priority<1>, const P& node) -> decltype(fire_node_creation_hooks(node)) {
+  return fire_node_creation_hooks(node);
+}
+
+template <class P>
+void FireCreationHooks(Priority<0>, const P&) {}
+
+// The outputs wrapped with `node` as their grad_fn; `attached` names the
+// node that took them where torch says so.
+OptionalVariables WrapOutputs(const variable_list& inputs, const ImplSet& non_differentiable, const ImplSet& dirty,
+                              const OptionalVariables& raw, const NodePtr& node, NodePtr& attached) {
+  const torch::autograd::_jvp_fn_t jvp = [](const variable_list&, const variable_list&) -> variable_list {
+    TORCH_CHECK(false, "opforge ops do not support forward-mode AD (jvp).");
+  };
+  const torch::autograd::_view_as_self_fn_t view_as_self = [](const at::Tensor& x) { return x.view_as(x); };
+  // Empty: setup_context runs inside the forward, as an autograd.Function
+  // whose forward takes ctx, so an input returned as-is may be saved.
+  const ImplSet to_save_if_setup_context;
+  return Wrap(Priority<2>{}, inputs,
+              WrapArgs{non_differentiable, dirty, raw, node, jvp, to_save_if_setup_context, view_as_self}, attached);
+}
+
+[[noreturn]] void ThrowPython() {
+  python_error err;
+  err.persist();
+  throw std::move(err);
+}
+
+// Interned attribute names read at call time.
+PyObject* Name(const char* text) {
+  PyObject* s = PyUnicode_InternFromString(text);
+  if (s == nullptr) throw py::error_already_set();
+  return s;
+}
+
+struct Names {
+  PyObject* backward = Name("backward");
+  PyObject* setup_context = Name("setup_context");
+  PyObject* flatten_grads = Name("flatten_grads");
+  PyObject* flatten_output = Name("flatten_output");
+  PyObject* rebuild_output = Name("rebuild_output");
+  PyObject* rebuild_inputs = Name("rebuild_inputs");
+};
+
+const Names& N() {
+  static const Names* names = new Names();
+  return *names;
+}
+
+std::string TypeName(PyObject* obj) { return obj == Py_None ? "None" : Py_TYPE(obj)->tp_name; }
+
+// opforge._codegen's error classes, which are RuntimeErrors as torch.autograd's are.
+PyObject* ErrorClass(const char* name) {
+  PyObject* module = PyImport_ImportModule("opforge._codegen");
+  if (module == nullptr) return PyExc_RuntimeError;
+  PyObject* cls = PyObject_GetAttrString(module, name);
+  Py_DECREF(module);
+  if (cls == nullptr) {
+    PyErr_Clear();
+    return PyExc_RuntimeError;
+  }
+  Py_DECREF(cls);  // the module keeps it
+  return cls;
+}
+
+}  // namespace
+
+// --- the op's model, as the bridge needs it -----------------------------------
+
+class GradBridge : public std::enable_shared_from_this<GradBridge> {
+ public:
+  // One tensor leaf of the flat arguments (a Tensor, Tensor?, Tensor[] or Tensor?[] leaf).
+  struct TensorLeaf {
+    size_t flat_index;
+    size_t param;
+    bool is_list;
+    std::string where;  // "parameter 'p', field Cfg.w"
+  };
+  enum class ParamKind : uint8_t { kTensor, kNoTensor, kStructWithTensors };
+  enum class ReturnKind : uint8_t { kTensor, kTensorList, kOther };
+
+  explicit GradBridge(py::handle opdef);
+  ~GradBridge();
+
+  const std::string& op() const { return op_; }
+  const std::string& node_name() const { return node_name_; }
+  Boundary& boundary() const { return *boundary_; }
+  const std::vector<TensorLeaf>& leaves() const { return leaves_; }
+  const std::vector<ParamKind>& param_kinds() const { return param_kinds_; }
+  const std::vector<int>& param_slots() const { return param_slots_; }
+  const std::vector<ReturnKind>& returns() const { return returns_; }
+  bool leaf_returns() const { return leaf_returns_; }
+  bool mutates() const { return !boundary_->mutated_slots().empty(); }
+  size_t num_params() const { return param_kinds_.size(); }
+  size_t num_original_returns() const { return boundary_->returns().size(); }
+
+  // The op's current backward and setup_context (register_autograd may
+  // replace them): new references, setup_context null when None.
+  PyObject* Backward() const;
+  PyObject* SetupContext() const;
+  // A generated helper of the op's code (flatten_grads, rebuild_output, ...): a new reference.
+  PyObject* Helper(PyObject* name) const;
+
+ private:
+  void AddLeaves(const Node& node, size_t param);
+
+  std::string op_;
+  std::string node_name_;
+  std::shared_ptr<Boundary> boundary_;
+  PyObject* state_ = nullptr;  // the op's _State: .backward, .setup_context
+  PyObject* code_ = nullptr;   // the op's OpCode
+  std::vector<TensorLeaf> leaves_;
+  std::vector<ParamKind> param_kinds_;
+  std::vector<int> param_slots_;  // kTensor: the tensor leaf
+  std::vector<ReturnKind> returns_;
+  bool leaf_returns_ = true;
+};
+
+GradBridge::GradBridge(py::handle opdef) {
+  op_ = py::cast<std::string>(opdef.attr("name"));
+  node_name_ = op_ + "Backward";
+  boundary_ = py::cast<std::shared_ptr<Boundary>>(opdef.attr("boundary"));
+  state_ = py::object(opdef.attr("_state")).release().ptr();
+  code_ = py::object(opdef.attr("_code")).release().ptr();
+  const auto& params = boundary_->params();
+  for (size_t p = 0; p < params.size(); ++p) {
+    const Node& node = params[p];
+    const size_t before = leaves_.size();
+    AddLeaves(node, p);
+    if (node.kind == Node::Kind::kLeaf && node.tensor_slot >= 0) {
+      param_kinds_.push_back(ParamKind::kTensor);
+      param_slots_.push_back(node.tensor_slot);
+    } else {
+      param_kinds_.push_back(leaves_.size() > before ? ParamKind::kStructWithTensors : ParamKind::kNoTensor);
+      param_slots_.push_back(-1);
+    }
+  }
+  // Tensor slots are numbered in flat order, so leaves_ is in slot order once sorted.
+  std::sort(leaves_.begin(), leaves_.end(),
+            [](const TensorLeaf& a, const TensorLeaf& b) { return a.flat_index < b.flat_index; });
+  for (const auto& ret : boundary_->flat().returns()) {
+    c10::TypePtr type = ret.real_type();
+    if (auto opt = type->cast<c10::OptionalType>()) type = opt->getElementType();
+    if (type->kind() == c10::TypeKind::TensorType) {
+      returns_.push_back(ReturnKind::kTensor);
+    } else if (auto list = type->cast<c10::ListType>()) {
+      c10::TypePtr element = list->getElementType();
+      if (auto opt = element->cast<c10::OptionalType>()) element = opt->getElementType();
+      returns_.push_back(element->kind() == c10::TypeKind::TensorType ? ReturnKind::kTensorList
+                                                                      : ReturnKind::kOther);
+    } else {
+      returns_.push_back(ReturnKind::kOther);
+    }
+  }
+  for (const Node& node : boundary_->returns()) {
+    if (node.kind == Node::Kind::kStruct) leaf_returns_ = false;
+  }
+}
+
+void GradBridge::AddLeaves(const Node& node, size_t param) {
+  if (node.kind == Node::Kind::kStruct) {
+    for (const Node& child : node.children) AddLeaves(child, param);
+    return;
+  }
+  if (node.kind == Node::Kind::kLeaf && node.tensor_slot >= 0) {
+    leaves_.push_back({static_cast<size_t>(node.leaf_index), param, node.rule.kind == LeafRule::Kind::kList,
+                       node.where.Text()});
+  }
+}
+
+GradBridge::~GradBridge() {
+  if (!Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  Py_CLEAR(state_);
+  Py_CLEAR(code_);
+  boundary_.reset();  // holds Python objects
+}
+
+PyObject* GradBridge::Backward() const { return PyObject_GetAttr(state_, N().backward); }
+
+PyObject* GradBridge::SetupContext() const {
+  PyObject* fn = PyObject_GetAttr(state_, N().setup_context);
+  if (fn == Py_None) {
+    Py_DECREF(fn);
+    return nullptr;
+  }
+  if (fn == nullptr) throw py::error_already_set();
+  return fn;
+}
+
+PyObject* GradBridge::Helper(PyObject* name) const {
+  PyObject* fn = PyObject_GetAttr(code_, name);
+  if (fn == nullptr) ThrowPython();
+  return fn;
+}
+
+namespace {
+
+class OpNode;
+
+// --- ctx --------------------------------------------------------------------------
+
+// The `ctx` that setup_context and backward receive: what
+// torch.autograd.function.FunctionCtx offers, and any attribute the user sets.
+struct CtxObject {
+  PyObject_HEAD
+  PyObject* dict;
+  PyObject* weakrefs;
+  OpNode* node;                 // null once the node is gone
+  PyObject* to_save;            // save_for_backward's tuple, until the forward ends
+  PyObject* dirty;              // mark_dirty's tuple, until the forward ends
+  PyObject* non_differentiable;  // mark_non_differentiable's tuple, until the forward ends
+  PyObject* needs_input_grad;   // one bool per original parameter, made on first use
+};
+
+PyTypeObject CtxType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// --- the node ---------------------------------------------------------------------
+
+class OpNode : public torch::autograd::Node {
+ public:
+  explicit OpNode(std::shared_ptr<GradBridge> bridge) : bridge_(std::move(bridge)) {}
+  ~OpNode() override;
+
+  variable_list apply(variable_list&& grads) override;
+  std::string name() const override { return bridge_->node_name(); }
+  void compiled_args(torch::dynamo::autograd::CompiledNodeArgs&) const override {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, bridge_->op(),
+                                ": compiled autograd does not run opforge's autograd node (a backward written in "
+                                "Python). torch.compile the forward instead, where AOTAutograd compiles the "
+                                "backward, or run this backward outside compiled autograd.");
+  }
+  void release_variables() override {
+    saved_.clear();
+    has_freed_buffers_ = true;
+  }
+
+  // The inputs of one call: the defined tensors of every tensor leaf.
+  // `leaf(s)` gives the value of tensor leaf s: a Tensor, a list of them, or None.
+  template <class LeafValue>
+  variable_list CollectInputs(LeafValue leaf);
+
+  // The ctx object, made on first use. Borrowed.
+  PyObject* Ctx();
+  // ctx.needs_input_grad: a new reference.
+  PyObject* NeedsInputGrad();
+
+  // After the forward: wraps the flat tensor outputs (one entry per flat
+  // tensor, None for a non-tensor return), saves what setup_context saved.
+  // Needs the GIL when ctx_ exists.
+  OptionalVariables Finish(const variable_list& inputs, const OptionalVariables& raw);
+
+  // Per flat return, in the forward: how many outputs it gave (a list's length, else 1).
+  void AddReturnCount(int32_t count) { return_counts_.push_back(count); }
+  int32_t return_count(size_t r) const { return return_counts_[r]; }
+
+  void set_materialize_grads(bool value) { materialize_grads_ = value; }
+  bool has_freed_buffers() const { return has_freed_buffers_; }
+  const std::vector<torch::autograd::SavedVariable>& saved() const { return saved_; }
+
+ private:
+  variable_list ToEdges(PyObject* const* per_leaf);
+
+  std::shared_ptr<GradBridge> bridge_;
+  PyObject* ctx_ = nullptr;
+  c10::SmallVector<int32_t, 4> return_counts_;
+  bool materialize_grads_ = true;
+  std::vector<torch::autograd::SavedVariable> saved_;
+  std::vector<torch::autograd::VariableInfo> output_info_;
+  c10::SmallVector<int32_t, 8> counts_;  // per tensor leaf: its entries (list length, 1 otherwise)
+  c10::SmallVector<bool, 8> is_var_;     // per entry: a defined tensor, which has an edge
+  std::vector<bool> needs_param_;         // per original parameter
+  bool has_freed_buffers_ = false;
+};
+
+OpNode::~OpNode() {
+  if (ctx_ == nullptr || !Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  reinterpret_cast<CtxObject*>(ctx_)->node = nullptr;
+  Py_CLEAR(ctx_);
+}
+
+template <class LeafValue>
+variable_list OpNode::CollectInputs(LeafValue leaf) {
+  const auto& leaves = bridge_->leaves();
+  variable_list inputs;
+  inputs.reserve(leaves.size());
+  counts_.resize(leaves.size());
+  needs_param_.assign(bridge_->num_params(), false);
+  for (size_t s = 0; s < leaves.size(); ++s) {
+    int32_t count = 0;
+    leaf(s, [&](const at::Tensor* t) {
+      ++count;
+      const bool defined = t != nullptr && t->defined();
+      is_var_.push_back(defined);
+      if (!defined) return;
+      inputs.push_back(*t);
+      if (t->requires_grad()) needs_param_[leaves[s].param] = true;
+    });
+    counts_[s] = count;
+  }
+  return inputs;
+}
+
+PyObject* OpNode::Ctx() {
+  if (ctx_ == nullptr) {
+    PyObject* obj = CtxType.tp_alloc(&CtxType, 0);
+    if (obj == nullptr) ThrowPython();
+    reinterpret_cast<CtxObject*>(obj)->node = this;
+    ctx_ = obj;
+  }
+  return ctx_;
+}
+
+PyObject* OpNode::NeedsInputGrad() {
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(needs_param_.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t p = 0; p < needs_param_.size(); ++p) {
+    PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(p), Py_NewRef(needs_param_[p] ? Py_True : Py_False));
+  }
+  return out;
+}
+
+// ctx tuples as TensorImpl sets; `what` names the ctx method for errors.
+ImplSet TensorSet(PyObject* tuple, const char* what, bool bump) {
+  ImplSet out;
+  if (tuple == nullptr) return out;
+  const Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* obj = PyTuple_GET_ITEM(tuple, i);
+    // A RuntimeError, as autograd.Function raises.
+    TORCH_CHECK(THPVariable_Check(obj), what, " only accepts tensors, but argument ", i, " is of type ",
+                TypeName(obj));
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    out.insert(t.unsafeGetTensorImpl());
+    if (bump) torch::autograd::impl::bump_version(t);
+  }
+  return out;
+}
+
+OptionalVariables OpNode::Finish(const variable_list& inputs, const OptionalVariables& raw) {
+  std::vector<std::optional<at::Tensor>> to_save;
+  ImplSet non_differentiable, dirty;
+  auto* ctx = reinterpret_cast<CtxObject*>(ctx_);
+  if (ctx != nullptr) {
+    if (ctx->to_save != nullptr) {
+      const Py_ssize_t n = PyTuple_GET_SIZE(ctx->to_save);
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* obj = PyTuple_GET_ITEM(ctx->to_save, i);
+        if (obj == Py_None) {
+          to_save.emplace_back();
+          continue;
+        }
+        TORCH_CHECK_TYPE(THPVariable_Check(obj), "save_for_backward can only save tensors, but argument ", i,
+                         " is of type ", TypeName(obj));
+        to_save.emplace_back(THPVariable_Unpack(obj));
+      }
+      Py_CLEAR(ctx->to_save);
+    }
+    non_differentiable = TensorSet(ctx->non_differentiable, "mark_non_differentiable", false);
+    Py_CLEAR(ctx->non_differentiable);
+    dirty = TensorSet(ctx->dirty, "mark_dirty", true);
+    Py_CLEAR(ctx->dirty);
+  }
+  NodePtr self = SelfPtr(this);
+  NodePtr attached;
+  OptionalVariables wrapped = WrapOutputs(inputs, non_differentiable, dirty, raw, self, attached);
+  output_info_.reserve(wrapped.size());
+  ImplSet outputs;
+  for (const auto& out : wrapped) {
+    if (out.has_value()) {
+      output_info_.emplace_back(*out);
+      outputs.insert(out->unsafeGetTensorImpl());
+    } else {
+      output_info_.emplace_back();
+    }
+  }
+  saved_.reserve(to_save.size());
+  for (const auto& t : to_save) {
+    if (!t.has_value()) {
+      saved_.emplace_back();
+    } else {
+      saved_.emplace_back(*t, outputs.count(t->unsafeGetTensorImpl()) > 0);
+    }
+  }
+  if (attached) FireCreationHooks(Priority<1>{}, attached);
+  return wrapped;
+}
+
+// Python objects with their references released at scope exit.
+struct Owned {
+  c10::SmallVector<PyObject*, 16> items;
+  PyObject* Add(PyObject* p) {
+    items.push_back(p);
+    return p;
+  }
+  ~Owned() {
+    for (PyObject* p : items) Py_XDECREF(p);
+  }
+};
+
+variable_list OpNode::apply(variable_list&& grads) {
+  py::gil_scoped_acquire gil;
+  at::OptionalDeviceGuard device_guard;
+  const GradBridge& b = *bridge_;
+  Owned owned;
+  // One Python gradient per flat return, zeros for undefined ones.
+  const auto& kinds = b.returns();
+  c10::SmallVector<PyObject*, 8> flat;
+  size_t entry = 0;
+  auto grad_of = [&](size_t e) -> PyObject* {
+    const Variable& g = grads[e];
+    if (g.defined()) return THPVariable_Wrap(g);
+    if (materialize_grads_ && e < output_info_.size() && !output_info_[e].is_empty) {
+      return THPVariable_Wrap(output_info_[e].zeros(device_guard));
+    }
+    return Py_NewRef(Py_None);
+  };
+  for (size_t r = 0; r < kinds.size(); ++r) {
+    const int32_t count = return_counts_[r];
+    PyObject* value;
+    if (kinds[r] == GradBridge::ReturnKind::kTensorList) {
+      value = PyList_New(count);
+      if (value == nullptr) ThrowPython();
+      for (int32_t i = 0; i < count; ++i) {
+        PyObject* g = grad_of(entry++);
+        if (g == nullptr) {
+          Py_DECREF(value);
+          ThrowPython();
+        }
+        PyList_SET_ITEM(value, i, g);
+      }
+    } else if (kinds[r] == GradBridge::ReturnKind::kTensor) {
+      value = grad_of(entry++);
+    } else {
+      ++entry;
+      value = Py_NewRef(Py_None);
+    }
+    if (value == nullptr) ThrowPython();
+    flat.push_back(owned.Add(value));
+  }
+  grads.clear();
+  // The gradients in the form of the original returns.
+  c10::SmallVector<PyObject*, 8> args;
+  args.push_back(Ctx());
+  if (b.leaf_returns()) {
+    args.append(flat.begin(), flat.end());
+  } else {
+    PyObject* packed;
+    if (flat.size() == 1) {
+      packed = Py_NewRef(flat[0]);
+    } else {
+      packed = PyTuple_New(static_cast<Py_ssize_t>(flat.size()));
+      if (packed == nullptr) ThrowPython();
+      for (size_t i = 0; i < flat.size(); ++i) PyTuple_SET_ITEM(packed, static_cast<Py_ssize_t>(i), Py_NewRef(flat[i]));
+    }
+    owned.Add(packed);
+    PyObject* rebuild = owned.Add(b.Helper(N().rebuild_output));
+    PyObject* original = PyObject_CallOneArg(rebuild, packed);
+    if (original == nullptr) ThrowPython();
+    owned.Add(original);
+    if (b.num_original_returns() == 1) {
+      args.push_back(original);
+    } else {
+      const Py_ssize_t n = PyTuple_GET_SIZE(original);
+      for (Py_ssize_t i = 0; i < n; ++i) args.push_back(PyTuple_GET_ITEM(original, i));
+    }
+  }
+  PyObject* backward = owned.Add(b.Backward());
+  if (backward == nullptr) ThrowPython();
+  PyObject* result = PyObject_Vectorcall(backward, args.data(), args.size(), nullptr);
+  if (result == nullptr) ThrowPython();
+  owned.Add(result);
+  if (!PyTuple_Check(result)) {
+    result = owned.Add(PyTuple_Pack(1, result));
+    if (result == nullptr) ThrowPython();
+  }
+  // One gradient (or list of them) per tensor leaf.
+  const auto& leaves = b.leaves();
+  c10::SmallVector<PyObject*, 8> per_leaf(leaves.size(), Py_None);
+  const size_t nparams = b.num_params();
+  bool simple = static_cast<size_t>(PyTuple_GET_SIZE(result)) == nparams;
+  for (size_t p = 0; simple && p < nparams; ++p) {
+    PyObject* g = PyTuple_GET_ITEM(result, static_cast<Py_ssize_t>(p));
+    switch (b.param_kinds()[p]) {
+      case GradBridge::ParamKind::kTensor: per_leaf[static_cast<size_t>(b.param_slots()[p])] = g; break;
+      // Anything but None for these takes the general path, which builds
+      // the gradients of a struct or raises the error naming the field.
+      case GradBridge::ParamKind::kNoTensor:
+      case GradBridge::ParamKind::kStructWithTensors: simple = g == Py_None; break;
+    }
+  }
+  if (!simple) {
+    PyObject* flatten = owned.Add(b.Helper(N().flatten_grads));
+    PyObject* per_flat = PyObject_CallOneArg(flatten, result);
+    if (per_flat == nullptr) ThrowPython();
+    owned.Add(per_flat);
+    PyObject* seq = owned.Add(PySequence_Fast(per_flat, "flatten_grads returns a sequence"));
+    if (seq == nullptr) ThrowPython();
+    for (size_t s = 0; s < leaves.size(); ++s) {
+      per_leaf[s] = PySequence_Fast_GET_ITEM(seq, static_cast<Py_ssize_t>(leaves[s].flat_index));
+    }
+  }
+  return ToEdges(per_leaf.data());
+}
+
+variable_list OpNode::ToEdges(PyObject* const* per_leaf) {
+  const GradBridge& b = *bridge_;
+  const auto& leaves = b.leaves();
+  variable_list out;
+  out.reserve(num_outputs());
+  size_t entry = 0;
+  auto bad_type = [&](size_t s, PyObject* g) {
+    PyErr_Format(ErrorClass("GradientTypeError"),
+                 "%s: backward returned a %s for %s, which is not a Tensor; return a Tensor or None.", b.op().c_str(),
+                 TypeName(g).c_str(), leaves[s].where.c_str());
+    ThrowPython();
+  };
+  auto push = [&](size_t s, PyObject* g) {
+    const bool var = is_var_[entry++];
+    if (g == Py_None) {
+      if (var) out.emplace_back();
+      return;
+    }
+    if (!THPVariable_Check(g)) bad_type(s, g);
+    if (!var) {
+      PyErr_Format(PyExc_RuntimeError,
+                   "%s: backward returned a gradient for %s, which was None in the forward; return None there.",
+                   b.op().c_str(), leaves[s].where.c_str());
+      ThrowPython();
+    }
+    out.push_back(THPVariable_Unpack(g));
+  };
+  for (size_t s = 0; s < leaves.size(); ++s) {
+    PyObject* g = per_leaf[s];
+    const int32_t count = counts_[s];
+    if (!leaves[s].is_list) {
+      push(s, g);
+      continue;
+    }
+    if (g == Py_None) {
+      for (int32_t i = 0; i < count; ++i) push(s, Py_None);
+      continue;
+    }
+    if (!PyList_Check(g) && !PyTuple_Check(g)) bad_type(s, g);
+    const Py_ssize_t got = PySequence_Fast_GET_SIZE(g);
+    if (got != count) {
+      PyErr_Format(ErrorClass("GradientCountError"),
+                   "%s: backward returned %zd gradients for %s, a list of %d tensors; return one per tensor "
+                   "(None where there is none).",
+                   b.op().c_str(), got, leaves[s].where.c_str(), static_cast<int>(count));
+      ThrowPython();
+    }
+    for (Py_ssize_t i = 0; i < got; ++i) push(s, PySequence_Fast_ITEMS(g)[i]);
+  }
+  return out;
+}
+
+// --- ctx's methods ---------------------------------------------------------------
+
+PyObject* CtxNew(PyTypeObject* type, PyObject*, PyObject*) {
+  PyErr_Format(PyExc_TypeError, "cannot create '%s' instances; opforge makes one per call", type->tp_name);
+  return nullptr;
+}
+
+int CtxTraverse(PyObject* self, visitproc visit, void* arg) {
+  auto* ctx = reinterpret_cast<CtxObject*>(self);
+  Py_VISIT(ctx->dict);
+  Py_VISIT(ctx->to_save);
+  Py_VISIT(ctx->dirty);
+  Py_VISIT(ctx->non_differentiable);
+  Py_VISIT(ctx->needs_input_grad);
+  return 0;
+}
+
+int CtxClear(PyObject* self) {
+  auto* ctx = reinterpret_cast<CtxObject*>(self);
+  Py_CLEAR(ctx->dict);
+  Py_CLEAR(ctx->to_save);
+  Py_CLEAR(ctx->dirty);
+  Py_CLEAR(ctx->non_differentiable);
+  Py_CLEAR(ctx->needs_input_grad);
+  return 0;
+}
+
+void CtxDealloc(PyObject* self) {
+  PyObject_GC_UnTrack(self);
+  auto* ctx = reinterpret_cast<CtxObject*>(self);
+  if (ctx->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
+  CtxClear(self);
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* CtxSaveForBackward(PyObject* self, PyObject* args) {
+  Py_XSETREF(reinterpret_cast<CtxObject*>(self)->to_save, Py_NewRef(args));
+  Py_RETURN_NONE;
+}
+
+PyObject* CtxMarkDirty(PyObject* self, PyObject* args) {
+  Py_XSETREF(reinterpret_cast<CtxObject*>(self)->dirty, Py_NewRef(args));
+  Py_RETURN_NONE;
+}
+
+PyObject* CtxMarkNonDifferentiable(PyObject* self, PyObject* args) {
+  Py_XSETREF(reinterpret_cast<CtxObject*>(self)->non_differentiable, Py_NewRef(args));
+  Py_RETURN_NONE;
+}
+
+PyObject* CtxSetMaterializeGrads(PyObject* self, PyObject* value) {
+  auto* ctx = reinterpret_cast<CtxObject*>(self);
+  if (!PyBool_Check(value)) {
+    PyErr_Format(PyExc_TypeError, "set_materialize_grads takes a bool, got %s", Py_TYPE(value)->tp_name);
+    return nullptr;
+  }
+  if (ctx->node != nullptr) ctx->node->set_materialize_grads(value == Py_True);
+  Py_RETURN_NONE;
+}
+
+PyObject* CtxSavedTensors(PyObject* self, void*) {
+  auto* ctx = reinterpret_cast<CtxObject*>(self);
+  try {
+    OpNode* node = ctx->node;
+    TORCH_CHECK(node != nullptr && !node->has_freed_buffers(), torch::autograd::ERR_BACKWARD_TWICE);
+    const auto& saved = node->saved();
+    PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(saved.size()));
+    if (out == nullptr) return nullptr;
+    NodePtr self_ptr = SelfPtr(node);
+    for (size_t i = 0; i < saved.size(); ++i) {
+      Variable v = saved[i].unpack(self_ptr);
+      PyObject* item = v.defined() ? THPVariable_Wrap(std::move(v)) : Py_NewRef(Py_None);
+      if (item == nullptr) {
+        Py_DECREF(out);
+        return nullptr;
+      }
+      PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), item);
+    }
+    return out;
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+    return nullptr;
+  }
+}
+
+PyObject* CtxGetNeedsInputGrad(PyObject* self, void*) {
+  auto* ctx = reinterpret_cast<CtxObject*>(self);
+  if (ctx->needs_input_grad == nullptr) {
+    if (ctx->node == nullptr) Py_RETURN_NONE;
+    ctx->needs_input_grad = ctx->node->NeedsInputGrad();
+    if (ctx->needs_input_grad == nullptr) return nullptr;
+  }
+  return Py_NewRef(ctx->needs_input_grad);
+}
+
+int CtxSetNeedsInputGrad(PyObject* self, PyObject* value, void*) {
+  Py_XSETREF(reinterpret_cast<CtxObject*>(self)->needs_input_grad, Py_XNewRef(value));
+  return 0;
+}
+
+PyMethodDef kCtxMethods[] = {
+    {"save_for_backward", CtxSaveForBackward, METH_VARARGS,
+     "save_for_backward(*tensors): tensors for backward, read there as ctx.saved_tensors."},
+    {"mark_dirty", CtxMarkDirty, METH_VARARGS, "mark_dirty(*tensors): inputs the forward modified in place."},
+    {"mark_non_differentiable", CtxMarkNonDifferentiable, METH_VARARGS,
+     "mark_non_differentiable(*tensors): outputs that get no gradient."},
+    {"set_materialize_grads", CtxSetMaterializeGrads, METH_O,
+     "set_materialize_grads(bool): whether backward gets zeros (True, the default) or None for unused outputs."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef kCtxGetSet[] = {
+    {"saved_tensors", CtxSavedTensors, nullptr, "The tensors given to save_for_backward, version-checked.",
+     nullptr},
+    {"needs_input_grad", CtxGetNeedsInputGrad, CtxSetNeedsInputGrad,
+     "One bool per original parameter: whether any of its tensors requires grad.", nullptr},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+void InitCtxType() {
+  CtxType.tp_name = "opforge._C.AutogradContext";
+  CtxType.tp_basicsize = sizeof(CtxObject);
+  CtxType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  CtxType.tp_doc = "ctx of an opforge op's setup_context and backward.";
+  CtxType.tp_new = CtxNew;
+  CtxType.tp_dealloc = CtxDealloc;
+  CtxType.tp_traverse = CtxTraverse;
+  CtxType.tp_clear = CtxClear;
+  CtxType.tp_methods = kCtxMethods;
+  CtxType.tp_getset = kCtxGetSet;
+  CtxType.tp_dictoffset = offsetof(CtxObject, dict);
+  CtxType.tp_weaklistoffset = offsetof(CtxObject, weakrefs);
+  if (PyType_Ready(&CtxType) < 0) throw py::error_already_set();
+}
+
+// --- the forward, eager ------------------------------------------------------------
+
+// Flat return values of the original output `out`: borrowed from `out`
+// for leaf returns, else from the tuple `hold` receives.
+bool FlatReturns(const GradBridge& b, PyObject* out, c10::SmallVector<PyObject*, 8>& flat, Owned& owned) {
+  const size_t n = b.returns().size();
+  PyObject* source = out;
+  if (!b.leaf_returns()) {
+    PyObject* flatten = owned.Add(b.Helper(N().flatten_output));
+    source = PyObject_CallOneArg(flatten, out);
+    if (source == nullptr) return false;
+    owned.Add(source);
+  }
+  if (n == 1) {
+    flat.push_back(source);
+    return true;
+  }
+  for (size_t i = 0; i < n; ++i) flat.push_back(PyTuple_GET_ITEM(source, static_cast<Py_ssize_t>(i)));
+  return true;
+}
+
+}  // namespace
+
+PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* args, PyObject* const* tensors) {
+  try {
+    Boundary& boundary = bridge.boundary();
+    auto node = MakeNode<OpNode>(bridge.shared_from_this());
+    variable_list inputs = node->CollectInputs([&](size_t s, auto&& add) {
+      PyObject* obj = tensors[s];
+      if (obj == nullptr || obj == Py_None) {
+        if (!bridge.leaves()[s].is_list) add(nullptr);
+        return;
+      }
+      if (THPVariable_Check(obj)) {
+        add(&THPVariable_Unpack(obj));
+        return;
+      }
+      const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* item = PySequence_Fast_ITEMS(obj)[i];
+        add(item == Py_None ? nullptr : &THPVariable_Unpack(item));
+      }
+    });
+    node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+    Owned owned;
+    PyObject* setup = bridge.SetupContext();
+    if (setup != nullptr) owned.Add(setup);
+    PyObject* out;
+    {
+      // As autograd.Function runs its forward: without grad, the body below autograd.
+      torch::autograd::AutoGradMode no_grad(false);
+      at::AutoFwGradMode no_fw_grad(false);
+      PyObject* result;
+      {
+        BelowAutograd below(bridge.mutates());
+        result = PyObject_Vectorcall(kernel, args, boundary.num_positional(), boundary.body_kwnames());
+      }
+      if (result == nullptr) return nullptr;
+      out = boundary.CheckReturn(result);
+      Py_DECREF(result);
+      if (out == nullptr) return nullptr;
+      owned.Add(out);
+      if (setup != nullptr) {
+        const size_t n = boundary.num_params();
+        PyObject* original = PyTuple_New(static_cast<Py_ssize_t>(n));
+        if (original == nullptr) return nullptr;
+        owned.Add(original);
+        for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(original, static_cast<Py_ssize_t>(i), Py_NewRef(args[i]));
+        PyObject* call_args[] = {node->Ctx(), original, out};
+        PyObject* done = PyObject_Vectorcall(setup, call_args, 3, nullptr);
+        if (done == nullptr) return nullptr;
+        Py_DECREF(done);
+      }
+    }
+    // The flat tensor outputs, lists expanded.
+    c10::SmallVector<PyObject*, 8> flat;
+    if (!FlatReturns(bridge, out, flat, owned)) return nullptr;
+    OptionalVariables raw;
+    c10::SmallVector<PyObject*, 8> raw_objects;  // per entry: the Python tensor, or null
+    const auto& kinds = bridge.returns();
+    for (size_t r = 0; r < kinds.size(); ++r) {
+      PyObject* value = flat[r];
+      if (kinds[r] == GradBridge::ReturnKind::kTensorList && value != Py_None) {
+        const Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
+        node->AddReturnCount(static_cast<int32_t>(n));
+        for (Py_ssize_t i = 0; i < n; ++i) {
+          PyObject* item = PySequence_Fast_ITEMS(value)[i];
+          const bool tensor = THPVariable_Check(item);
+          raw.emplace_back(tensor ? std::optional<Variable>(THPVariable_Unpack(item)) : std::nullopt);
+          raw_objects.push_back(tensor ? item : nullptr);
+        }
+        continue;
+      }
+      node->AddReturnCount(1);
+      const bool tensor = kinds[r] == GradBridge::ReturnKind::kTensor && THPVariable_Check(value);
+      raw.emplace_back(tensor ? std::optional<Variable>(THPVariable_Unpack(value)) : std::nullopt);
+      raw_objects.push_back(tensor ? value : nullptr);
+    }
+    OptionalVariables wrapped = node->Finish(inputs, raw);
+    // Outputs come back as the same tensors unless autograd had to replace
+    // one (an input returned as is becomes a view of it); then the output is
+    // rebuilt around the replacements.
+    c10::SmallVector<PyObject*, 8> replaced(wrapped.size(), nullptr);
+    bool changed = false;
+    for (size_t e = 0; e < wrapped.size(); ++e) {
+      if (!wrapped[e].has_value() || raw_objects[e] == nullptr) continue;
+      PyObject* obj = THPVariable_Wrap(*wrapped[e]);
+      if (obj == nullptr) return nullptr;
+      owned.Add(obj);
+      if (obj != raw_objects[e]) {
+        replaced[e] = obj;
+        changed = true;
+      }
+    }
+    if (!changed) return Py_NewRef(out);
+    PyObject* new_flat = PyTuple_New(static_cast<Py_ssize_t>(kinds.size()));
+    if (new_flat == nullptr) return nullptr;
+    owned.Add(new_flat);
+    size_t e = 0;
+    for (size_t r = 0; r < kinds.size(); ++r) {
+      PyObject* value = flat[r];
+      const int32_t count = node->return_count(r);
+      if (kinds[r] == GradBridge::ReturnKind::kTensorList && value != Py_None) {
+        PyObject* list = PyList_New(count);
+        if (list == nullptr) return nullptr;
+        for (int32_t i = 0; i < count; ++i, ++e) {
+          PyObject* item = replaced[e] ? replaced[e] : PySequence_Fast_ITEMS(value)[i];
+          PyList_SET_ITEM(list, i, Py_NewRef(item));
+        }
+        PyTuple_SET_ITEM(new_flat, static_cast<Py_ssize_t>(r), list);
+        continue;
+      }
+      PyTuple_SET_ITEM(new_flat, static_cast<Py_ssize_t>(r), Py_NewRef(replaced[e] ? replaced[e] : value));
+      ++e;
+    }
+    if (!bridge.leaf_returns()) {
+      PyObject* rebuild = owned.Add(bridge.Helper(N().rebuild_output));
+      return PyObject_CallOneArg(rebuild, kinds.size() == 1 ? PyTuple_GET_ITEM(new_flat, 0) : new_flat);
+    }
+    return Py_NewRef(kinds.size() == 1 ? PyTuple_GET_ITEM(new_flat, 0) : new_flat);
+  } catch (python_error& e) {
+    e.restore();
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+  }
+  return nullptr;
+}
+
+// --- the forward, behind the dispatcher --------------------------------------------
+
+namespace {
+
+template <class Add>
+void ForEachTensorIn(const c10::IValue& v, bool is_list, Add&& add) {
+  if (!is_list) {
+    add(v.isTensor() ? &v.toTensor() : nullptr);
+    return;
+  }
+  if (v.isNone()) return;
+  if (v.isTensorList()) {
+    // Elements of a c10::List<Tensor> are held by the list.
+    for (const c10::IValue& item : v.toListRef()) add(&item.toTensor());
+    return;
+  }
+  for (const c10::IValue& item : v.toListRef()) add(item.isTensor() ? &item.toTensor() : nullptr);
+}
+
+// The Autograd kernel of an op with a Python backward: without a gradient
+// it redispatches below autograd, as torch's own fallback does; with one it
+// records an OpNode around the redispatch.
+class AutogradKernel : public c10::OperatorKernel {
+ public:
+  explicit AutogradKernel(std::shared_ptr<GradBridge> bridge) : bridge_(std::move(bridge)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+    const GradBridge& b = *bridge_;
+    const size_t nargs = op.schema().arguments().size();
+    const size_t base = stack->size() - nargs;
+    bool needs_grad = false;
+    if (c10::GradMode::is_enabled()) {
+      for (const auto& leaf : b.leaves()) {
+        ForEachTensorIn((*stack)[base + leaf.flat_index], leaf.is_list, [&](const at::Tensor* t) {
+          if (t != nullptr && t->defined() && t->requires_grad()) needs_grad = true;
+        });
+      }
+    }
+    if (!needs_grad) {
+      RedispatchBelowAutograd(op, ks, stack, b.mutates());
+      return;
+    }
+    Record(op, ks, stack, base);
+  }
+
+ private:
+  void Record(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack, size_t base) {
+    GradBridge& b = *bridge_;
+    auto node = MakeNode<OpNode>(bridge_);
+    variable_list inputs = node->CollectInputs([&](size_t s, auto&& add) {
+      const auto& leaf = b.leaves()[s];
+      ForEachTensorIn((*stack)[base + leaf.flat_index], leaf.is_list, add);
+    });
+    node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+    py::object setup;
+    {
+      py::gil_scoped_acquire gil;
+      PyObject* fn = b.SetupContext();
+      if (fn != nullptr) setup = py::reinterpret_steal<py::object>(fn);
+    }
+    std::vector<c10::IValue> args;
+    if (setup) args.assign(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+    {
+      torch::autograd::AutoGradMode no_grad(false);
+      at::AutoFwGradMode no_fw_grad(false);
+      RedispatchBelowAutograd(op, ks, stack, b.mutates());
+    }
+    const size_t nrets = b.returns().size();
+    const size_t out_base = stack->size() - nrets;
+    OptionalVariables raw;
+    for (size_t r = 0; r < nrets; ++r) {
+      const c10::IValue& v = (*stack)[out_base + r];
+      if (b.returns()[r] == GradBridge::ReturnKind::kTensorList && v.isList()) {
+        const auto& items = v.toListRef();
+        node->AddReturnCount(static_cast<int32_t>(items.size()));
+        for (const c10::IValue& item : items) {
+          raw.emplace_back(item.isTensor() ? std::optional<Variable>(item.toTensor()) : std::nullopt);
+        }
+        continue;
+      }
+      node->AddReturnCount(1);
+      raw.emplace_back(b.returns()[r] == GradBridge::ReturnKind::kTensor && v.isTensor()
+                           ? std::optional<Variable>(v.toTensor())
+                           : std::nullopt);
+    }
+    OptionalVariables wrapped;
+    if (setup) {
+      py::gil_scoped_acquire gil;
+      RunSetupContext(*node, setup.ptr(), args, stack, out_base);
+      wrapped = node->Finish(inputs, raw);
+    } else {
+      wrapped = node->Finish(inputs, raw);
+    }
+    size_t e = 0;
+    for (size_t r = 0; r < nrets; ++r) {
+      c10::IValue& v = (*stack)[out_base + r];
+      const int32_t count = node->return_count(r);
+      if (b.returns()[r] == GradBridge::ReturnKind::kTensorList && v.isList()) {
+        if (v.isTensorList()) {
+          c10::List<at::Tensor> list;
+          list.reserve(static_cast<size_t>(count));
+          for (int32_t i = 0; i < count; ++i, ++e) list.push_back(wrapped[e].has_value() ? *wrapped[e] : at::Tensor());
+          v = std::move(list);
+        } else {
+          c10::List<std::optional<at::Tensor>> list;
+          list.reserve(static_cast<size_t>(count));
+          for (int32_t i = 0; i < count; ++i, ++e) {
+            list.push_back(wrapped[e].has_value() ? std::optional<at::Tensor>(*wrapped[e]) : std::nullopt);
+          }
+          v = std::move(list);
+        }
+        continue;
+      }
+      if (wrapped[e].has_value()) v = *wrapped[e];
+      ++e;
+    }
+  }
+
+  // setup_context(ctx, original inputs, original output), inputs and output
+  // rebuilt from the flat values as a Python kernel receives them.
+  void RunSetupContext(OpNode& node, PyObject* setup, const std::vector<c10::IValue>& args,
+                       torch::jit::Stack* stack, size_t out_base) {
+    const GradBridge& b = *bridge_;
+    Boundary& boundary = b.boundary();
+    Owned owned;
+    PyObject* leaves = owned.Add(PyTuple_New(static_cast<Py_ssize_t>(args.size())));
+    if (leaves == nullptr) ThrowPython();
+    for (size_t i = 0; i < args.size(); ++i) {
+      PyObject* value = boundary.PresentArgument(i, args[i]);
+      if (value == nullptr) ThrowPython();
+      PyTuple_SET_ITEM(leaves, static_cast<Py_ssize_t>(i), value);
+    }
+    PyObject* rebuild_inputs = owned.Add(b.Helper(N().rebuild_inputs));
+    PyObject* inputs = PyObject_CallOneArg(rebuild_inputs, leaves);
+    if (inputs == nullptr) ThrowPython();
+    owned.Add(inputs);
+    const size_t nrets = b.returns().size();
+    PyObject* flat = owned.Add(PyTuple_New(static_cast<Py_ssize_t>(nrets)));
+    if (flat == nullptr) ThrowPython();
+    for (size_t r = 0; r < nrets; ++r) {
+      PyObject* value = boundary.PresentReturn(r, (*stack)[out_base + r]);
+      if (value == nullptr) ThrowPython();
+      PyTuple_SET_ITEM(flat, static_cast<Py_ssize_t>(r), value);
+    }
+    PyObject* output = nrets == 1 ? PyTuple_GET_ITEM(flat, 0) : flat;
+    if (nrets == 0) output = Py_None;
+    if (!b.leaf_returns()) {
+      PyObject* rebuild = owned.Add(b.Helper(N().rebuild_output));
+      output = PyObject_CallOneArg(rebuild, output);
+      if (output == nullptr) ThrowPython();
+      owned.Add(output);
+    }
+    torch::autograd::AutoGradMode no_grad(false);
+    PyObject* call_args[] = {node.Ctx(), inputs, output};
+    PyObject* done = PyObject_Vectorcall(setup, call_args, 3, nullptr);
+    if (done == nullptr) ThrowPython();
+    Py_DECREF(done);
+  }
+
+  std::shared_ptr<GradBridge> bridge_;
+};
+
+// Keeps the Autograd kernels registered for as long as it lives.
+class BridgeRegistration : public KernelRegistration {
+ public:
+  explicit BridgeRegistration(std::unique_ptr<torch::Library> lib) : lib_(std::move(lib)) {}
+
+ private:
+  std::unique_ptr<torch::Library> lib_;
+};
+
+std::unique_ptr<KernelRegistration> RegisterBridge(const std::shared_ptr<GradBridge>& bridge) {
+  const std::string& qualname = bridge->op();
+  const size_t sep = qualname.find("::");
+  auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, qualname.substr(0, sep), std::nullopt,
+                                              __FILE__, __LINE__);
+  const std::string name = qualname.substr(sep + 2);
+  for (c10::DispatchKey key : detail::AutogradRuntimeKeys()) {
+    lib->impl(name.c_str(), torch::dispatch(key, torch::CppFunction::makeFromBoxedFunctor(
+                                                     std::make_unique<AutogradKernel>(bridge))));
+  }
+  return std::make_unique<BridgeRegistration>(std::move(lib));
+}
+
+}  // namespace
+
+GradBridge* AsGradBridge(PyObject* obj) {
+  if (obj == nullptr || obj == Py_None) return nullptr;
+  return py::cast<GradBridge*>(py::handle(obj));
+}
+
+void InitAutograd(py::module_& m) {
+  InitCtxType();
+  Py_INCREF(&CtxType);
+  m.add_object("AutogradContext", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&CtxType)));
+  py::class_<GradBridge, std::shared_ptr<GradBridge>>(m, "AutogradBridge")
+      .def(py::init([](py::handle opdef) { return std::make_shared<GradBridge>(opdef); }), py::arg("opdef"),
+           "The autograd bridge of an op: reads opdef.name, .boundary, ._state (backward, setup_context) "
+           "and ._code.")
+      .def("register", [](const std::shared_ptr<GradBridge>& b) { return RegisterBridge(b); },
+           "Registers the op's Autograd kernel (every runtime autograd key); it stays while the result lives.");
+}
+
+}  // namespace opforge

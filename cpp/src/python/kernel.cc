@@ -1,0 +1,399 @@
+// The kernel an op registers with the dispatcher (see RegisterKernel in
+// boundary.h): a boxed C++ kernel that takes the flat leaves off the stack,
+// rebuilds the original arguments from the boundary's parameter trees (an
+// all-scalar struct from a cache keyed on the leaf values, so no Python
+// objects are made for its leaves), calls the body, and pushes its checked
+// output back flattened. No Python is generated per op for this path, and
+// it skips what torch does around a Python kernel (an args tuple and kwargs
+// dict, built twice, and the output parsed back).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "boundary.h"
+#include "opforge/autograd.h"
+
+namespace py = pybind11;
+
+namespace opforge {
+namespace {
+
+// Owned references released at scope exit.
+struct Owned {
+  c10::SmallVector<PyObject*, 16> items;
+  ~Owned() {
+    for (PyObject* p : items) Py_XDECREF(p);
+  }
+};
+
+// Leaf values as a cache key compares them: the same kind and value, a
+// float by its bits (so 0.0 and -0.0 differ). False for kinds no key holds.
+bool SameLeaf(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isDouble()) {
+    if (!b.isDouble()) return false;
+    const double x = a.toDouble(), y = b.toDouble();
+    return std::memcmp(&x, &y, sizeof(double)) == 0;
+  }
+  if (a.isInt()) return b.isInt() && a.toInt() == b.toInt();
+  if (a.isBool()) return b.isBool() && a.toBool() == b.toBool();
+  if (a.isNone()) return b.isNone();
+  if (a.isString()) return b.isString() && a.toStringRef() == b.toStringRef();
+  if (a.isDevice()) return b.isDevice() && a.toDevice() == b.toDevice();
+  return false;
+}
+
+// A hash of a leaf a key may hold, or false for other kinds.
+bool HashLeaf(const c10::IValue& v, size_t& hash) {
+  size_t h;
+  if (v.isDouble()) {
+    const double d = v.toDouble();
+    uint64_t bits;
+    std::memcpy(&bits, &d, sizeof(bits));
+    h = std::hash<uint64_t>()(bits);
+  } else if (v.isInt()) {
+    h = std::hash<int64_t>()(v.toInt());
+  } else if (v.isBool()) {
+    h = v.toBool() ? 0x9e3779b9 : 0x7f4a7c15;
+  } else if (v.isNone()) {
+    h = 0x5bd1e995;
+  } else if (v.isString()) {
+    h = std::hash<std::string>()(v.toStringRef());
+  } else if (v.isDevice()) {
+    h = std::hash<c10::Device>()(v.toDevice());
+  } else {
+    return false;
+  }
+  hash = hash * 1000003 ^ h;
+  return true;
+}
+
+// Instances of an all-scalar frozen struct by the leaf values they were
+// built from: a model calls an op with few distinct configs, and a loop
+// often with the same one again.
+class RebuildCache {
+ public:
+  using Key = c10::ArrayRef<c10::IValue>;
+
+  ~RebuildCache() {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    Clear();
+  }
+
+  PyObject* FindLast(const c10::SmallVector<const c10::IValue*, 16>& key) const {
+    return last_ != nullptr && Same(*last_, key) ? last_->value : nullptr;
+  }
+
+  PyObject* Find(size_t hash, const c10::SmallVector<const c10::IValue*, 16>& key) {
+    auto it = entries_.find(hash);
+    if (it == entries_.end() || !Same(it->second, key)) return nullptr;
+    last_ = &it->second;
+    return it->second.value;
+  }
+
+  void Store(size_t hash, const c10::SmallVector<const c10::IValue*, 16>& key, PyObject* value) {
+    if (entries_.size() >= 256) Clear();
+    Entry& e = entries_[hash];
+    e.key.clear();
+    for (const c10::IValue* v : key) e.key.push_back(*v);
+    Py_XSETREF(e.value, Py_NewRef(value));
+    last_ = &e;
+  }
+
+ private:
+  struct Entry {
+    std::vector<c10::IValue> key;
+    PyObject* value = nullptr;
+  };
+
+  static bool Same(const Entry& e, const c10::SmallVector<const c10::IValue*, 16>& key) {
+    if (e.key.size() != key.size()) return false;
+    for (size_t i = 0; i < key.size(); ++i) {
+      if (!SameLeaf(e.key[i], *key[i])) return false;
+    }
+    return true;
+  }
+
+  void Clear() {
+    for (auto& entry : entries_) Py_XDECREF(entry.second.value);
+    entries_.clear();
+    last_ = nullptr;
+  }
+
+  std::unordered_map<size_t, Entry> entries_;  // node-based: `last_` stays valid until Clear
+  const Entry* last_ = nullptr;
+};
+
+void LeafIndices(const Node& node, std::vector<int>& out) {
+  if (node.kind != Node::Kind::kStruct) {
+    out.push_back(node.leaf_index);
+    return;
+  }
+  if (node.optional) out.push_back(node.presence_index);
+  for (const Node& child : node.children) LeafIndices(child, out);
+}
+
+bool HasHandles(const Node& node) {
+  if (node.kind == Node::Kind::kHandle) return true;
+  for (const Node& child : node.children) {
+    if (HasHandles(child)) return true;
+  }
+  return false;
+}
+
+// One op's kernel for one dispatch key. `fn` may be replaced (register_kernel again).
+class OpKernel : public c10::OperatorKernel {
+ public:
+  OpKernel(std::shared_ptr<Boundary> boundary, PyObject* fn);
+  ~OpKernel() override;
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
+  void SetFn(PyObject* fn) { Py_XSETREF(fn_, Py_NewRef(fn)); }
+
+ private:
+  PyObject* Call(c10::ArrayRef<c10::IValue> args);
+  PyObject* Leaf(c10::ArrayRef<c10::IValue> args, size_t index, Owned& owned);
+  PyObject* Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, Owned& owned);
+  bool Flatten(const Node& node, PyObject* value, PyObject** flat);
+  void Push(PyObject* checked, torch::jit::Stack* stack);
+
+  std::shared_ptr<Boundary> boundary_;
+  PyObject* fn_;
+  std::vector<std::unique_ptr<RebuildCache>> caches_;  // per parameter: an all-scalar struct's cache
+  std::vector<std::vector<int>> cache_keys_;          // per parameter: the leaves its cache keys on
+  std::vector<c10::TypePtr> return_types_;
+  PyObject* resolve_ = nullptr;  // opforge.handles.resolve, for ops with runner handles
+  bool leaf_returns_ = true;
+};
+
+OpKernel::OpKernel(std::shared_ptr<Boundary> boundary, PyObject* fn)
+    : boundary_(std::move(boundary)), fn_(Py_NewRef(fn)) {
+  bool handles = false;
+  for (const Node& param : boundary_->params()) {
+    handles = handles || HasHandles(param);
+    std::vector<int> key;
+    if (param.kind == Node::Kind::kStruct && param.cacheable) {
+      LeafIndices(param, key);
+      caches_.push_back(std::make_unique<RebuildCache>());
+    } else {
+      caches_.push_back(nullptr);
+    }
+    cache_keys_.push_back(std::move(key));
+  }
+  if (handles) {
+    py::object module = py::module_::import("opforge.handles");
+    resolve_ = py::object(module.attr("resolve")).release().ptr();
+  }
+  for (const Node& ret : boundary_->returns()) {
+    if (ret.kind == Node::Kind::kStruct) leaf_returns_ = false;
+  }
+  for (const auto& ret : boundary_->flat().returns()) return_types_.push_back(ret.real_type());
+}
+
+OpKernel::~OpKernel() {
+  if (!Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  caches_.clear();
+  Py_CLEAR(resolve_);
+  Py_CLEAR(fn_);
+  boundary_.reset();
+}
+
+PyObject* OpKernel::Leaf(c10::ArrayRef<c10::IValue> args, size_t index, Owned& owned) {
+  const c10::IValue& v = args[index];
+  PyObject* out = v.isTensor() ? THPVariable_Wrap(v.toTensor()) : boundary_->PresentArgument(index, v);
+  if (out != nullptr) owned.items.push_back(out);
+  return out;
+}
+
+PyObject* OpKernel::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, Owned& owned) {
+  switch (node.kind) {
+    case Node::Kind::kLeaf:
+    case Node::Kind::kLiteral:
+      return Py_XNewRef(Leaf(args, static_cast<size_t>(node.leaf_index), owned));
+    case Node::Kind::kEnum: {
+      PyObject* value = Leaf(args, static_cast<size_t>(node.leaf_index), owned);
+      if (value == nullptr) return nullptr;
+      if (value == Py_None) return Py_NewRef(Py_None);
+      auto member = [&](PyObject* raw) -> PyObject* {
+        PyObject* m = PyDict_GetItemWithError(node.by_value.ptr(), raw);
+        if (m == nullptr && !PyErr_Occurred()) {
+          PyErr_Format(PyExc_ValueError, "%s: %s: %R is not a value of the enum.", boundary_->op().c_str(),
+                       node.where.Text().c_str(), raw);
+        }
+        return Py_XNewRef(m);
+      };
+      if (!node.is_list) return member(value);
+      const Py_ssize_t n = PyList_GET_SIZE(value);
+      PyObject* out = PyList_New(n);
+      for (Py_ssize_t i = 0; out != nullptr && i < n; ++i) {
+        PyObject* m = member(PyList_GET_ITEM(value, i));
+        if (m == nullptr) {
+          Py_CLEAR(out);
+        } else {
+          PyList_SET_ITEM(out, i, m);
+        }
+      }
+      return out;
+    }
+    case Node::Kind::kHandle: {
+      PyObject* value = Leaf(args, static_cast<size_t>(node.leaf_index), owned);
+      if (value == nullptr) return nullptr;
+      if (value == Py_None) return Py_NewRef(Py_None);
+      py::str at(boundary_->op() + ": " + node.where.Text());
+      PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
+      return PyObject_Vectorcall(resolve_, call_args, 3, nullptr);
+    }
+    case Node::Kind::kStruct: {
+      if (node.optional && !args[static_cast<size_t>(node.presence_index)].toBool()) return Py_NewRef(Py_None);
+      Owned fields;
+      fields.items.reserve(node.children.size());
+      for (const Node& child : node.children) {
+        PyObject* value = Rebuild(child, args, owned);
+        if (value == nullptr) return nullptr;
+        fields.items.push_back(value);
+      }
+      return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
+    }
+  }
+  return nullptr;
+}
+
+bool OpKernel::Flatten(const Node& node, PyObject* value, PyObject** flat) {
+  if (node.kind != Node::Kind::kStruct) {
+    Py_XSETREF(flat[node.leaf_index], Py_NewRef(value));
+    return true;
+  }
+  for (size_t i = 0; i < node.children.size(); ++i) {
+    PyObject* field = PyObject_GetAttr(value, node.field_names[i].ptr());
+    if (field == nullptr) return false;
+    const bool ok = Flatten(node.children[i], field, flat);
+    Py_DECREF(field);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// The body's checked output for these leaves: a new reference, or null with an error set.
+PyObject* OpKernel::Call(c10::ArrayRef<c10::IValue> args) {
+  const auto& params = boundary_->params();
+  const size_t np = params.size();
+  Owned owned;  // Python leaves and rebuilt values
+  c10::SmallVector<PyObject*, 16> originals(np, nullptr);
+  c10::SmallVector<const c10::IValue*, 16> key;
+  for (size_t p = 0; p < np; ++p) {
+    const Node& param = params[p];
+    if (param.kind == Node::Kind::kLeaf || param.kind == Node::Kind::kLiteral) {
+      originals[p] = Leaf(args, static_cast<size_t>(param.leaf_index), owned);
+      if (originals[p] == nullptr) return nullptr;
+      continue;
+    }
+    RebuildCache* cache = caches_[p].get();
+    PyObject* value = nullptr;
+    size_t hash = 0x345678;
+    if (cache != nullptr) {
+      key.clear();
+      for (int i : cache_keys_[p]) key.push_back(&args[static_cast<size_t>(i)]);
+      value = cache->FindLast(key);
+      for (size_t i = 0; value == nullptr && cache != nullptr && i < key.size(); ++i) {
+        if (!HashLeaf(*key[i], hash)) cache = nullptr;
+      }
+      if (value == nullptr && cache != nullptr) value = cache->Find(hash, key);
+    }
+    if (value == nullptr) {
+      value = Rebuild(param, args, owned);
+      if (value == nullptr) return nullptr;
+      owned.items.push_back(value);
+      if (cache != nullptr) cache->Store(hash, key, value);
+    }
+    originals[p] = value;
+  }
+  PyObject* result = PyObject_Vectorcall(fn_, originals.data(), boundary_->num_positional(),
+                                         boundary_->body_kwnames());
+  if (result == nullptr) return nullptr;
+  PyObject* checked = boundary_->CheckReturn(result);
+  Py_DECREF(result);
+  return checked;
+}
+
+// Pushes the checked output as the flat returns.
+void OpKernel::Push(PyObject* checked, torch::jit::Stack* stack) {
+  const size_t nflat = return_types_.size();
+  Owned flat;
+  PyObject* const* values = &checked;
+  if (!leaf_returns_) {
+    flat.items.assign(nflat, nullptr);
+    const auto& returns = boundary_->returns();
+    for (size_t r = 0; r < returns.size(); ++r) {
+      PyObject* value = returns.size() == 1 ? checked : PyTuple_GET_ITEM(checked, static_cast<Py_ssize_t>(r));
+      if (!Flatten(returns[r], value, flat.items.data())) throw python_error();
+    }
+    values = flat.items.data();
+  } else if (nflat > 1) {
+    values = PySequence_Fast_ITEMS(checked);
+  }
+  for (size_t i = 0; i < nflat; ++i) {
+    PyObject* v = values[i];
+    if (THPVariable_Check(v)) {
+      stack->emplace_back(THPVariable_Unpack(v));
+    } else {
+      stack->emplace_back(torch::jit::toIValue(v, return_types_[i]));
+    }
+  }
+}
+
+void OpKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const size_t nargs = op.schema().arguments().size();
+  py::gil_scoped_acquire gil;
+  PyObject* checked = Call(torch::jit::last(stack, nargs));
+  if (checked == nullptr) throw python_error();
+  Owned hold;
+  hold.items.push_back(checked);
+  torch::jit::drop(stack, nargs);
+  Push(checked, stack);
+}
+
+// Keeps an op's kernel registered for one dispatch key while it lives.
+class KernelHandle {
+ public:
+  KernelHandle(std::unique_ptr<torch::Library> lib, OpKernel* kernel) : lib_(std::move(lib)), kernel_(kernel) {}
+  void SetFn(py::handle fn) { kernel_->SetFn(fn.ptr()); }
+
+ private:
+  std::unique_ptr<torch::Library> lib_;
+  OpKernel* kernel_;  // owned by the dispatcher while lib_ lives
+};
+
+}  // namespace
+
+void InitKernels(py::module_& m) {
+  py::class_<KernelHandle>(m, "OpKernel",
+                           "An op's kernel for one dispatch key, registered while this object lives.")
+      .def("set_fn", &KernelHandle::SetFn, py::arg("fn"), "Replaces the function the kernel calls.");
+  m.def(
+      "register_kernel",
+      [](std::shared_ptr<Boundary> boundary, py::handle fn, const std::string& key) {
+        const std::string& qualname = boundary->op();
+        const size_t sep = qualname.find("::");
+        auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, qualname.substr(0, sep),
+                                                    c10::parseDispatchKey(key), __FILE__, __LINE__);
+        auto kernel = std::make_unique<OpKernel>(std::move(boundary), fn.ptr());
+        OpKernel* raw = kernel.get();
+        lib->impl(qualname.substr(sep + 2).c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
+        return std::make_unique<KernelHandle>(std::move(lib), raw);
+      },
+      py::arg("boundary"), py::arg("fn"), py::arg("dispatch_key"),
+      "Registers the op's kernel for `dispatch_key`: flat leaves in, `fn` called with the original arguments.");
+}
+
+}  // namespace opforge
