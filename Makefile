@@ -114,7 +114,7 @@ test-torch-%:
 # torch (targeting 2.10), and the very same file tested under each torch of
 # STABLE_ABI_TORCH, each in its own venv with opforge built for it
 # (docs/stable_abi.md#one-build-every-torch).
-STABLE_ABI_TORCH ?= $(TORCH_LATEST) $(TORCH_PREVIOUS)
+STABLE_ABI_TORCH ?= 2.10.0 2.12.1 $(TORCH_PREVIOUS) $(TORCH_LATEST)
 STABLE_ABI_DIR ?= build/stable-abi
 test-stable-abi: build
 	rm -rf $(STABLE_ABI_DIR) && mkdir -p $(STABLE_ABI_DIR)

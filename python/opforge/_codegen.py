@@ -34,7 +34,7 @@ from typing import Any, Callable
 import torch
 
 from . import handles
-from ._types import ENUMS, STRUCTS, TypeInfo, Where
+from ._types import ENUMS, TypeInfo, Where
 
 EMPTY = inspect.Parameter.empty
 
@@ -90,7 +90,6 @@ class Leaf:
     handle: str
     is_presence: bool
     mutated: bool
-    cacheable: bool  # its values may key the reuse of a rebuilt struct (the boundary's rule)
 
 
 @dataclass
@@ -163,9 +162,7 @@ def _retarget(code: types.CodeType, filename: str) -> types.CodeType:
 
 # Chunk name -> the function it defines.
 _CHUNKS = {
-    "dispatch": "_dispatch",
     "call": "_call",
-    "make_kernel": "_make_kernel",
     "make_fake_kernel": "_make_fake_kernel",
     "flatten_call": "_flatten_call",
     "flat_full": "_flat_full",
@@ -218,7 +215,7 @@ class OpCode:
         return fn
 
     def __getattr__(self, name: str):
-        # dispatch, make_kernel, make_fake_kernel, flatten_call, flat_full,
+        # make_fake_kernel, flatten_call, flat_full,
         # rebuild_inputs, flatten_output, rebuild_output, body_positional:
         # generated on first use, then plain attributes.
         if name in _CHUNKS:
@@ -475,11 +472,9 @@ class Builder:
     # --- rebuild: leaves -> original arguments -----------------------------
 
     def rebuild_node(self, node: tuple, t: TypeInfo, leaf_expr: Callable[[int], str], fake: bool = False,
-                     where: Where = Where.RETURN, output: bool = False, cache: bool = False) -> str:
+                     where: Where = Where.RETURN, output: bool = False) -> str:
         """An expression for the original value of `node` from leaf
-        expressions. `output`: the leaves are the op's flat returns. `cache`:
-        reuse struct instances (real kernels only: fake kernels and traced
-        code see SymInts, which cannot key a dict)."""
+        expressions. `output`: the leaves are the op's flat returns."""
         if node.is_leaf:
             if output:
                 return leaf_expr(node.leaf_index)
@@ -500,25 +495,13 @@ class Builder:
                 return f"(None if {e} is None else {call})" if t.optional else call
             return e
         optional, presence, children = node.optional, node.presence_index, node.children
-        info = STRUCTS[t.py]
         cls = self.const("S", t.py)
         kwargs = []
         for child in children:
             sub = self.rebuild_node(child, t.fields[child.name], leaf_expr, fake,
-                                    where.at_field(t.py, child.name), output, cache)
+                                    where.at_field(t.py, child.name), output)
             kwargs.append(f"{child.name}={sub}")
         construct = f"{cls}({', '.join(kwargs)})"
-        indices = [i for i in _leaf_indices(node) if not self.leaves[i].is_presence] if cache else []
-        if cache and _cacheable(info, [self.leaves[i] for i in indices]):
-            # An all-scalar frozen struct: reuse the instance built for the
-            # same leaf values instead of calling the constructor again.
-            cache = self.const("cache", {})
-            store = self.const("store", _store)
-            key = self.tmp("k")
-            got = self.tmp("c")
-            keys = ", ".join(leaf_expr(i) for i in indices)
-            construct = (f"({got} if ({got} := {cache}.get({key} := ({keys},))) is not None "
-                         f"else {store}({cache}, {key}, {construct}))")
         if optional:
             return f"({construct} if {leaf_expr(presence)} else None)"
         return construct
@@ -557,15 +540,6 @@ class Builder:
         return expr if self.leaf_returns else f"_rebuild_output({expr})"
 
     # --- the chunks -----------------------------------------------------------
-
-    def chunk_dispatch(self) -> str:
-        """Converted original arguments -> the dispatcher: the flat call."""
-        w = _Writer()
-        w.line(f"def _dispatch({', '.join(self.var(p) for p in self.params)}):")
-        with w.block():
-            exprs = self.emit_flatten(w)
-            w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
-        return w.text()
 
     def chunk_call(self) -> str:
         """The op as Dynamo traces it (OpDef.__call__, hence `_self`): values
@@ -615,27 +589,19 @@ class Builder:
                 conds.extend(self._missing_fields(child, ct, e, in_optional))
         return conds
 
-    def _kernel_chunk(self, factory: str, kernel: str, fake: bool) -> str:
+    def chunk_make_fake_kernel(self) -> str:
+        """fn (original signature) -> flat fake kernel; handles stay ints."""
         w = _Writer()
-        w.line(f"def {factory}(_fn):")
+        w.line("def _make_fake_kernel(_fn):")
         with w.block():
-            w.line(f"def {kernel}({self.flat_signature()}):")
+            w.line(f"def fake_kernel({self.flat_signature()}):")
             with w.block():
-                args = [self.rebuild_node(p.node, p.type, lambda i: self.leaves[i].name, fake, Where.parameter(p.name),
-                                          cache=not fake)
+                args = [self.rebuild_node(p.node, p.type, lambda i: self.leaves[i].name, True, Where.parameter(p.name))
                         for p in self.params]
                 w.line(f"_o = _check_return(_fn({self.original_call_args(args)}))")
                 w.line(f"return {self.flatten_output_expr('_o')}")
-            w.line(f"return {kernel}")
+            w.line("return fake_kernel")
         return w.text()
-
-    def chunk_make_kernel(self) -> str:
-        """fn (original signature) -> flat kernel."""
-        return self._kernel_chunk("_make_kernel", "kernel", fake=False)
-
-    def chunk_make_fake_kernel(self) -> str:
-        """The same for fake kernels: handles stay ints."""
-        return self._kernel_chunk("_make_fake_kernel", "fake_kernel", fake=True)
 
     def chunk_flatten_call(self) -> str:
         """The dispatcher-path arguments, for opcheck and tests."""
@@ -696,22 +662,6 @@ def _leaf_indices(node) -> list[int]:
     for child in node.children:
         out.extend(_leaf_indices(child))
     return out
-
-
-def _cacheable(info, leaves: list[Leaf]) -> bool:
-    return info.all_scalar and all(leaf.cacheable and not leaf.handle for leaf in leaves)
-
-
-def _store(cache: dict, key: tuple, value):
-    # 0.0 == -0.0 and 1 == 1.0 == True: a key must not stand for values that
-    # rebuild differently, so keys holding a zero float are not kept.
-    for k in key:
-        if type(k) is float and k == 0.0:
-            return value
-    if len(cache) >= 256:
-        cache.clear()
-    cache[key] = value
-    return value
 
 
 def _is_tensor_text(text: str) -> bool:

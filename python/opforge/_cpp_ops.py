@@ -182,20 +182,12 @@ class CppOpDef(_op.OpDef):
         def register(fn: Callable) -> Callable:
             _op._check_callable(self.name, "register_kernel", fn)
             devices = _op._device_list(self.name, device_types)
-            kernels = self.__dict__.setdefault("_python_kernels", {})  # device -> flat kernel
             for d in devices:
                 key = _torch_C._dispatch_key_for_device(d)
-                if d not in kernels and _has_kernel(self.name, key):
+                if key not in self._registrations and _has_kernel(self.name, key):
                     raise RuntimeError(f"{self.name}: register_kernel: the op already has a {key} kernel from "
                                        f"C++. Register the Python kernel for another device, or drop the C++ one.")
-            kernel = self._code.make_kernel(fn)
-            for d in devices:
-                if d not in kernels:
-                    # Registered once per device; registering again swaps the function.
-                    self._lib.impl(self.name.split("::")[1], _trampoline(kernels, d),
-                                   _torch_C._dispatch_key_for_device(d))
-                kernels[d] = kernel
-                self._set_kernel(d, fn)
+            _op._install_kernels(self, devices, fn)
             return fn
 
         return register if fn is None else register(fn)
@@ -207,13 +199,6 @@ class CppOpDef(_op.OpDef):
 
     def __repr__(self) -> str:
         return f"<opforge C++ op {self.name}: {self.spec}>"
-
-
-def _trampoline(kernels: dict, device: str) -> Callable:
-    def kernel(*args, **kwargs):
-        return kernels[device](*args, **kwargs)
-
-    return kernel
 
 
 def _has_kernel(name: str, key: str) -> bool:
@@ -252,7 +237,7 @@ def define(name: str) -> CppOpDef:
     lib = torch.library.Library(ns, "FRAGMENT")
     opdef = _op._new_opdef(name, None, sig, model, boundary, overload, state, lib, None, base=CppOpDef,
                            duck_structs=True)
-    opdef._bind(boundary, None, {}, opdef._code.dispatch, None, type(opdef).__call__, False)
+    opdef._bind(boundary, None, {}, None, None, type(opdef).__call__, False)
     leaf_returns = all(node.is_leaf for node in model.returns)
     opdef._set_dispatcher_op(name, None if leaf_returns else opdef._code.rebuild_output)
     return opdef

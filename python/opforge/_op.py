@@ -363,11 +363,11 @@ def _leaves(model: OpModel, boundary) -> list[Leaf]:
     Python kernel receives from torch for an argument the caller left out."""
     defaults = boundary.flat_defaults()
     out = []
-    for leaf, default, cacheable in zip(model.leaves, defaults, boundary.cacheable_leaves()):
+    for leaf, default in zip(model.leaves, defaults):
         enum_cls = _types.ENUMS_BY_NAME[leaf.enum_name].cls if leaf.enum_name else None
         out.append(Leaf(leaf.name, leaf.type, leaf.kwarg_only, EMPTY if default is None else default[0],
                         tuple(leaf.allowed) if leaf.allowed else (), enum_cls, leaf.handle_type, leaf.is_presence,
-                        leaf.mutated, cacheable))
+                        leaf.mutated))
     return out
 
 

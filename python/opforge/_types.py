@@ -21,7 +21,7 @@ import sys
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 import torch
 
@@ -352,7 +352,7 @@ class Resolver:
                 self.op,
                 where,
                 f"dataclass {qual} is not frozen.",
-                f"Declare it with @dataclass(frozen=True) so its instances can be reused safely.",
+                "Declare it with @dataclass(frozen=True) so its instances can be reused safely.",
             )
         module_globals = getattr(sys.modules.get(cls.__module__), "__dict__", self.globalns)
         fields: dict[str, TypeInfo] = {}

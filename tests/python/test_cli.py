@@ -48,7 +48,7 @@ def test_inspect_source_prints_the_generated_code(capsys):
     code, out, _ = run_cli(capsys, "inspect", "opforge_demo::affine", "--source")
     assert code == 0
     assert "    def _call(_self, x, cfg):" in out
-    assert "    def _make_kernel(_fn):" in out
+    assert "    def _make_fake_kernel(_fn):" in out
 
 
 def test_inspect_an_unknown_op_is_a_clear_error(capsys):

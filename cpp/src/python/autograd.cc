@@ -6,6 +6,7 @@
 // mark_non_differentiable, set_materialize_grads, needs_input_grad) is done
 // here with the same torch functions, without its Python layers.
 #include "autograd.h"
+#include "../torch/nodes.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -41,28 +42,6 @@ using torch::autograd::Variable;
 using torch::autograd::variable_list;
 using OptionalVariables = std::vector<std::optional<Variable>>;
 using ImplSet = std::unordered_set<at::TensorImpl*>;
-
-// torch 2.13 moved autograd nodes from shared_ptr to intrusive_ptr.
-using NodePtr = decltype(torch::autograd::Edge{}.function);
-
-template <typename T>
-auto MakeNode(std::shared_ptr<GradBridge> bridge) {
-  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>) {
-    return std::make_shared<T>(std::move(bridge));
-  } else {
-    return c10::make_intrusive<T>(std::move(bridge));
-  }
-}
-
-// An owning pointer to a live node, from the node itself.
-template <class T>
-NodePtr SelfPtr(T* node) {
-  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>) {
-    return node->shared_from_this();
-  } else {
-    return node->getptr();
-  }
-}
 
 // _wrap_outputs' parameters differ between torch releases: newer ones take
 // `pure_view`, and from 2.14 an out-parameter naming the node that took the

@@ -319,8 +319,7 @@ std::string Qualname(PyObject* cls) {
 
 // Whether a leaf's values may stand for a struct built from them: immutable,
 // and equal only when they rebuild the same. A Scalar is not: 1, 1.0 and True
-// are equal but reach the body as three types. The Python kernels' struct
-// reuse (cacheable_leaves) and StructCache both follow this rule.
+// are equal but reach the body as three types. StructCache follows this rule.
 bool CacheableLeaf(const LeafRule& rule) {
   switch (rule.kind) {
     case Kind::kInt:
@@ -1021,12 +1020,6 @@ py::tuple Boundary::ConvertCall(py::args args, py::kwargs kwargs) {
   return result;
 }
 
-py::list Boundary::CacheableLeaves() {
-  py::list out;
-  for (const auto& rule : argument_rules_) out.append(CacheableLeaf(rule));
-  return out;
-}
-
 py::list Boundary::FlatDefaults() {
   py::list out;
   for (size_t i = 0; i < flat_.arguments().size(); ++i) {
@@ -1575,8 +1568,6 @@ void InitBoundary(py::module_& m) {
            py::arg("value"), "The body's return value checked and converted against the schema's returns.")
       .def("flat_defaults", &Boundary::FlatDefaults,
            "Per flat argument: None, or a 1-tuple with the default a Python kernel receives for it.")
-      .def("cacheable_leaves", &Boundary::CacheableLeaves,
-           "Per flat argument: whether its values may key the reuse of a struct rebuilt from them.")
       .def("check_defaults", &Boundary::CheckDefaults,
            "Raises if a parameter's default does not convert to its type.")
       .def_property_readonly("num_tensor_slots", &Boundary::num_tensor_slots)

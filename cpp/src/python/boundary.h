@@ -162,7 +162,6 @@ class Boundary {
 
   // Python-facing helpers.
   pybind11::tuple ConvertCall(pybind11::args args, pybind11::kwargs kwargs);
-  pybind11::list CacheableLeaves();
   pybind11::list FlatDefaults();
   void CheckDefaults();
 

@@ -16,24 +16,12 @@
 #include "opforge/autograd.h"
 #include "opforge/libraries.h"
 #include "ivalues.h"
+#include "nodes.h"
 
 namespace opforge {
 namespace {
 
 using torch::autograd::Variable;
-
-// torch 2.12 moved autograd nodes from shared_ptr to intrusive_ptr.
-using NodePtr = decltype(torch::autograd::Edge{}.function);
-
-template <typename T, typename... Args>
-NodePtr MakeNode(Args&&... args) {
-  if constexpr (std::is_same_v<NodePtr, std::shared_ptr<torch::autograd::Node>>) {
-    return std::make_shared<T>(std::forward<Args>(args)...);
-  } else {
-    return c10::make_intrusive<T>(std::forward<Args>(args)...);
-  }
-}
-
 
 // The Autograd kernel of one op without backward.
 class NoBackwardKernel : public c10::OperatorKernel {
