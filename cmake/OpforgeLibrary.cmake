@@ -83,6 +83,7 @@ function(opforge_add_library name)
   endif()
 
   add_library(${name} SHARED ${ARG_SOURCES})
+  opforge_private_static_libs(${name})
   target_include_directories(${name} PRIVATE "${opforge_INCLUDE_DIR}")
   if(ARG_STABLE)
     if(NOT ARG_TORCH_TARGET_VERSION)

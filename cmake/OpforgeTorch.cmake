@@ -50,6 +50,18 @@ function(opforge_find_torch)
   set(OPFORGE_TORCH_CUDA "${_cuda}" CACHE INTERNAL "")
 endfunction()
 
+# Keeps whatever a shared library links statically private to it. Toolchains
+# that link the C++ runtime statically (-static-libstdc++, or a devtoolset's
+# libstdc++_nonshared.a) otherwise export its symbols, and another library
+# in the process then binds to this copy of, say, std::ostream's number
+# formatting while the stream's locale belongs to another copy: a crash on
+# the first error message that prints an integer.
+function(opforge_private_static_libs target)
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+    target_link_options(${target} PRIVATE "LINKER:--exclude-libs,ALL")
+  endif()
+endfunction()
+
 # Fails configuration when the torch found is not of the release line
 # (major.minor) opforge was built against: torch keeps no C++ ABI across
 # minor releases (docs/versions.md). Versions: "2.13.0+cpu", "2.15.0".

@@ -6,6 +6,7 @@ libraries in examples/ and tests/cpp_ext."""
 import math
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -239,3 +240,55 @@ def test_the_headers_version_is_the_packages():
     with open(os.path.join(ROOT, "pyproject.toml"), encoding="utf-8") as f:
         project = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
     assert header == project == opforge.__version__
+
+
+def _static_libstdcxx():
+    import shutil
+    import subprocess
+
+    cxx = os.environ.get("CXX", "c++")
+    found = subprocess.run([cxx, "-print-file-name=libstdc++.a"], capture_output=True, text=True).stdout.strip()
+    return shutil.which("nm") is not None and os.path.isabs(found)
+
+
+@pytest.mark.skipif(not _static_libstdcxx(), reason="needs nm and a static libstdc++ (libstdc++.a)")
+def test_a_library_that_links_the_cpp_runtime_statically_keeps_it_private(tmp_path):
+    # Toolchains that link libstdc++ statically (-static-libstdc++, a
+    # devtoolset's libstdc++_nonshared.a) export its symbols from every shared
+    # library they build; another library then binds to that copy of
+    # std::ostream's number formatting while its stream's locale is another
+    # copy's, and crashes on the first message that prints an integer.
+    # opforge_add_library keeps the copy private; a plain add_library, built
+    # the same way beside it, shows what it prevents.
+    import subprocess
+
+    (tmp_path / "prints.cc").write_text(
+        '#include <sstream>\n#include <string>\n'
+        'extern "C" int prints(long v) { std::ostringstream s; s << v; return (int)s.str().size(); }\n')
+    (tmp_path / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.18)\nproject(prints LANGUAGES CXX)\n"
+        "find_package(opforge REQUIRED)\n"
+        "opforge_add_library(with_opforge STABLE SOURCES prints.cc)\n"
+        "add_library(plain SHARED prints.cc)\n")
+    out = tmp_path / "build"
+    for step in (["cmake", "-S", str(tmp_path), "-B", str(out), "-G", "Ninja",
+                  f"-DCMAKE_PREFIX_PATH={opforge.cmake_prefix_path}", f"-DPython_EXECUTABLE={sys.executable}",
+                  "-DCMAKE_SHARED_LINKER_FLAGS=-static-libstdc++"],
+                 ["cmake", "--build", str(out)]):
+        done = subprocess.run(step, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def exported(lib):
+        nm = subprocess.run(["nm", "-D", "--defined-only", str(out / lib)], capture_output=True, text=True)
+        assert nm.returncode == 0, nm.stderr
+        return {line.split()[-1] for line in nm.stdout.splitlines() if line.strip()}
+
+    ostream_insert_long = "_ZNSo9_M_insertIlEERSoT_"  # std::ostream::_M_insert<long>, libstdc++'s own
+    assert ostream_insert_long in exported("libplain.so")
+    with_opforge = exported("libwith_opforge.so")
+    assert ostream_insert_long not in with_opforge and "prints" in with_opforge
+    # And the library still works.
+    import ctypes
+
+    lib = ctypes.CDLL(str(out / "libwith_opforge.so"))
+    assert lib.prints(ctypes.c_long(-123456)) == 7

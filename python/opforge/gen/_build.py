@@ -57,7 +57,9 @@ def torch_flags() -> tuple[list[str], list[str]]:
         "-isystem", os.path.join(root, "include"),
     ]
     lib = os.path.join(root, "lib")
-    ldflags = ["-shared", f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
+    # --exclude-libs: a C++ runtime linked statically stays private
+    # (cmake/OpforgeTorch.cmake, opforge_private_static_libs).
+    ldflags = ["-shared", "-Wl,--exclude-libs,ALL", f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
     return cflags, ldflags
 
 
