@@ -984,14 +984,22 @@ class AutogradKernel : public c10::OperatorKernel {
       ForEachTensorIn((*stack)[base + leaf.flat_index], leaf.is_list, add);
     });
     node->set_next_edges(torch::autograd::collect_next_edges(inputs));
-    py::object setup;
+    // The dispatcher runs this kernel without the GIL: the reference is
+    // dropped under it, however the call ends.
+    struct SetupRef {
+      PyObject* fn = nullptr;
+      ~SetupRef() {
+        if (fn == nullptr) return;
+        py::gil_scoped_acquire gil;
+        Py_DECREF(fn);
+      }
+    } setup;
     {
       py::gil_scoped_acquire gil;
-      PyObject* fn = b.SetupContext();
-      if (fn != nullptr) setup = py::reinterpret_steal<py::object>(fn);
+      setup.fn = b.SetupContext();
     }
     std::vector<c10::IValue> args;
-    if (setup) args.assign(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+    if (setup.fn != nullptr) args.assign(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
     {
       torch::autograd::AutoGradMode no_grad(false);
       at::AutoFwGradMode no_fw_grad(false);
@@ -1016,9 +1024,9 @@ class AutogradKernel : public c10::OperatorKernel {
                            : std::nullopt);
     }
     OptionalVariables wrapped;
-    if (setup) {
+    if (setup.fn != nullptr) {
       py::gil_scoped_acquire gil;
-      RunSetupContext(*node, setup.ptr(), args, stack, out_base);
+      RunSetupContext(*node, setup.fn, args, stack, out_base);
       wrapped = node->Finish(inputs, raw);
     } else {
       wrapped = node->Finish(inputs, raw);
