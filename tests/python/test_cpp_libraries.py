@@ -172,9 +172,15 @@ def test_a_library_built_against_another_opforge_is_a_one_sentence_error():
     with pytest.raises(ImportError, match=r"whose C ABI version is 7, but opforge .* serves versions up to 1; "
                                           r"install opforge>=3\.0"):
         opforge.check_library("kernels", opforge_version="3.0", abi_version=7, torch_version="2.10", stable=True)
-    # A stable-ABI library loads with any opforge serving its ABI, and a later torch.
+    # A stable-ABI library loads with any opforge serving its ABI, and any torch from its target on;
+    # an older torch is the error naming the torch it needs.
+    running = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     opforge.check_library("kernels", opforge_version="0.0.9", abi_version=1, torch_version="2.10.0", stable=True,
-                          torch_target_version="2.10")
+                          torch_target_version=f"{running[0]}.{running[1]}")
+    with pytest.raises(ImportError, match=rf"built on torch's stable ABI for torch {running[0]}\.{running[1] + 1} "
+                                          rf"and later, but torch .* is installed; install torch>={running[0]}\.{running[1] + 1}"):
+        opforge.check_library("kernels", opforge_version="0.0.9", abi_version=1, torch_version="2.10.0", stable=True,
+                              torch_target_version=f"{running[0]}.{running[1] + 1}")
 
 
 # --- 9: the eager path of C++ ops, against the dispatcher path ---------------------
