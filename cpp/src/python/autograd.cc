@@ -477,18 +477,6 @@ OptionalVariables OpNode::Finish(const variable_list& inputs, const OptionalVari
   return wrapped;
 }
 
-// Python objects with their references released at scope exit.
-struct Owned {
-  c10::SmallVector<PyObject*, 16> items;
-  PyObject* Add(PyObject* p) {
-    items.push_back(p);
-    return p;
-  }
-  ~Owned() {
-    for (PyObject* p : items) Py_XDECREF(p);
-  }
-};
-
 variable_list OpNode::apply(variable_list&& grads) {
   py::gil_scoped_acquire gil;
   at::OptionalDeviceGuard device_guard;

@@ -359,14 +359,6 @@ bool HasTensorSlots(const Node& node) {
   return false;
 }
 
-// Owned references released at scope exit.
-struct Refs {
-  c10::SmallVector<PyObject*, 16> items;
-  ~Refs() {
-    for (PyObject* p : items) Py_XDECREF(p);
-  }
-};
-
 }  // namespace
 
 void StructCache::Add(PyObject* obj) {
@@ -770,7 +762,7 @@ PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors,
     }
   }
   const size_t n = node.children.size();
-  Refs fields;
+  Owned fields;
   fields.items.reserve(n);
   bool changed = !exact;
   for (size_t i = 0; i < n; ++i) {
@@ -826,7 +818,7 @@ PyObject* Boundary::ConvertReturnNode(Node& node, PyObject* obj) {
   if (is < 0) return nullptr;
   if (is == 0) return FailExpected(op_, node.where, Context::kReturn, "a " + qual, false, obj);
   const size_t n = node.children.size();
-  Refs fields;
+  Owned fields;
   bool changed = Py_TYPE(obj) != reinterpret_cast<PyTypeObject*>(node.cls.ptr());
   for (size_t i = 0; i < n; ++i) {
     PyObject* value = PyObject_GetAttr(obj, node.field_names[i].ptr());
@@ -944,7 +936,7 @@ bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** lea
 
 PyObject* Boundary::RebuildReturn(const Node& node, PyObject* const* flat) {
   if (node.kind != Node::Kind::kStruct) return Py_NewRef(flat[node.leaf_index]);
-  Refs fields;
+  Owned fields;
   for (const Node& child : node.children) {
     PyObject* value = RebuildReturn(child, flat);
     if (value == nullptr) return nullptr;

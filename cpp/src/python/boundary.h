@@ -16,6 +16,7 @@
 #include <pybind11/stl.h>
 
 #include <ATen/core/function_schema.h>
+#include <c10/util/SmallVector.h>
 
 #include <array>
 #include <memory>
@@ -51,6 +52,18 @@ struct LeafRule {
   std::optional<int32_t> N;
   std::string expected;  // "an int (SymInt)", for messages
   std::shared_ptr<LeafRule> element;  // kList
+};
+
+// Python references released at scope exit (with the GIL held there).
+struct Owned {
+  c10::SmallVector<PyObject*, 16> items;
+  PyObject* Add(PyObject* p) {
+    items.push_back(p);
+    return p;
+  }
+  ~Owned() {
+    for (PyObject* p : items) Py_XDECREF(p);
+  }
 };
 
 // A small cache of struct instances that passed unchanged: frozen

@@ -28,14 +28,6 @@ namespace py = pybind11;
 namespace opforge {
 namespace {
 
-// Owned references released at scope exit.
-struct Owned {
-  c10::SmallVector<PyObject*, 16> items;
-  ~Owned() {
-    for (PyObject* p : items) Py_XDECREF(p);
-  }
-};
-
 // Leaf values as a cache key compares them: the same kind and value, a
 // float by its bits (so 0.0 and -0.0 differ). False for kinds no key holds.
 bool SameLeaf(const c10::IValue& a, const c10::IValue& b) {
