@@ -93,6 +93,13 @@ function(opforge_add_library name)
       message(FATAL_ERROR "opforge_add_library(${name}): stable-ABI libraries target torch 2.10 or later "
                           "(its stable ABI gained lists, strings and versioning in 2.10)")
     endif()
+    string(REGEX MATCH "^[0-9]+\\.[0-9]+" _building "${OPFORGE_TORCH_VERSION}")
+    if(_building VERSION_LESS ARG_TORCH_TARGET_VERSION)
+      message(FATAL_ERROR "opforge_add_library(${name}): a stable-ABI library targeting torch "
+                          "${ARG_TORCH_TARGET_VERSION} builds against torch ${ARG_TORCH_TARGET_VERSION} or later "
+                          "(the stable headers of its target), but this is torch ${OPFORGE_TORCH_VERSION}; build it "
+                          "with a later torch, and the library loads on every torch from ${ARG_TORCH_TARGET_VERSION} on")
+    endif()
     _opforge_torch_version_hex("${ARG_TORCH_TARGET_VERSION}" _hex)
     # Only torch's headers: the stable C shims resolve against the libtorch
     # the process has loaded, and opforge's core is found at load time.

@@ -25,10 +25,11 @@ BUILD = os.path.join(ROOT, "build", f"torch-{torch.__version__.split('+')[0]}")
 EXT_BUILD = os.path.join(BUILD, "cpp_ext")
 
 
-def build(src: str, name: str, *defines: str) -> str:
-    """Configures and builds the CMake project `src` (relative to the repo)
-    into build/torch-<release>/<name>; returns that folder."""
-    out = os.path.join(BUILD, name)
+def build(src: str, name: str, *defines: str, out: str | None = None) -> str:
+    """Configures and builds the CMake project `src` (relative to the repo,
+    or absolute) into `out`, by default build/torch-<release>/<name>;
+    returns that folder."""
+    out = out or os.path.join(BUILD, name)
     configure = subprocess.run(
         ["cmake", "-S", os.path.join(ROOT, src), "-B", out, "-G", "Ninja",
          f"-DCMAKE_PREFIX_PATH={opforge.cmake_prefix_path}", f"-DPython_EXECUTABLE={sys.executable}",

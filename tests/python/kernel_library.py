@@ -21,6 +21,11 @@ import opforge
 from cpp_ext import ROOT, build
 
 
+# A stable-ABI library builds against the stable headers of its target,
+# 2.10 (docs/stable_abi.md); on older torch opforge_add_library says so.
+STABLE_BUILDS = torch.torch_version.TorchVersion(torch.__version__) >= "2.10"
+
+
 def mode() -> str:
     value = os.environ.get("OPFORGE_KERNELS", "unstable")
     return value if value in ("unstable", "stable") else "prebuilt"

@@ -3,10 +3,14 @@ registrations, two libraries in one process, load errors, the first call
 under torch.compile, and symmetric-memory tags, through the example
 libraries in examples/ and tests/cpp_ext."""
 
+import ctypes
 import math
 import os
 import re
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +19,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import opforge
 
 import kernel_library
-from kernel_library import rms_norm_ref, run_python
+from kernel_library import STABLE_BUILDS, rms_norm_ref, run_python
+from op_testing import needs_torch
 from cpp_ext import ROOT, build, load
 
 
@@ -225,8 +230,6 @@ def test_cpp_ops_fast_path_and_dispatcher_path_agree_on_every_field_and_value(ex
 
 
 def test_the_c_surface_serves_its_version_and_names_the_newest_it_serves():
-    import ctypes
-
     core = ctypes.CDLL(os.path.join(opforge.cmake_prefix_path, "lib", "libopforge_core.so"))
     get = core.opforge_abi_get
     get.restype, get.argtypes = ctypes.c_void_p, [ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint32)]
@@ -248,16 +251,6 @@ def test_the_headers_version_is_the_packages():
     assert header == project == opforge.__version__
 
 
-def _static_libstdcxx():
-    import shutil
-    import subprocess
-
-    cxx = os.environ.get("CXX", "c++")
-    found = subprocess.run([cxx, "-print-file-name=libstdc++.a"], capture_output=True, text=True).stdout.strip()
-    return shutil.which("nm") is not None and os.path.isabs(found)
-
-
-@pytest.mark.skipif(not _static_libstdcxx(), reason="needs nm and a static libstdc++ (libstdc++.a)")
 def test_a_library_that_links_the_cpp_runtime_statically_keeps_it_private(tmp_path):
     # Toolchains that link libstdc++ statically (-static-libstdc++, a
     # devtoolset's libstdc++_nonshared.a) export its symbols from every shared
@@ -266,23 +259,20 @@ def test_a_library_that_links_the_cpp_runtime_statically_keeps_it_private(tmp_pa
     # copy's, and crashes on the first message that prints an integer.
     # opforge_add_library keeps the copy private; a plain add_library, built
     # the same way beside it, shows what it prevents.
-    import subprocess
-
+    static = subprocess.run([os.environ.get("CXX", "c++"), "-print-file-name=libstdc++.a"],
+                            capture_output=True, text=True).stdout.strip()
+    if shutil.which("nm") is None or not os.path.isabs(static):
+        pytest.skip("needs nm and a static libstdc++ (libstdc++.a)")
     (tmp_path / "prints.cc").write_text(
         '#include <sstream>\n#include <string>\n'
         'extern "C" int prints(long v) { std::ostringstream s; s << v; return (int)s.str().size(); }\n')
     (tmp_path / "CMakeLists.txt").write_text(
         "cmake_minimum_required(VERSION 3.18)\nproject(prints LANGUAGES CXX)\n"
         "find_package(opforge REQUIRED)\n"
-        "opforge_add_library(with_opforge STABLE SOURCES prints.cc)\n"
+        "opforge_add_library(with_opforge SOURCES prints.cc)\n"
         "add_library(plain SHARED prints.cc)\n")
-    out = tmp_path / "build"
-    for step in (["cmake", "-S", str(tmp_path), "-B", str(out), "-G", "Ninja",
-                  f"-DCMAKE_PREFIX_PATH={opforge.cmake_prefix_path}", f"-DPython_EXECUTABLE={sys.executable}",
-                  "-DCMAKE_SHARED_LINKER_FLAGS=-static-libstdc++"],
-                 ["cmake", "--build", str(out)]):
-        done = subprocess.run(step, capture_output=True, text=True)
-        assert done.returncode == 0, done.stdout + done.stderr
+    out = Path(build(str(tmp_path), "prints", "CMAKE_SHARED_LINKER_FLAGS=-static-libstdc++",
+                     out=str(tmp_path / "build")))
 
     def exported(lib):
         nm = subprocess.run(["nm", "-D", "--defined-only", str(out / lib)], capture_output=True, text=True)
@@ -294,7 +284,46 @@ def test_a_library_that_links_the_cpp_runtime_statically_keeps_it_private(tmp_pa
     with_opforge = exported("libwith_opforge.so")
     assert ostream_insert_long not in with_opforge and "prints" in with_opforge
     # And the library still works.
-    import ctypes
-
     lib = ctypes.CDLL(str(out / "libwith_opforge.so"))
     assert lib.prints(ctypes.c_long(-123456)) == 7
+
+
+def _ident_library(tmp_path, device, target=""):
+    (tmp_path / "ident.cc").write_text(
+        "#include <opforge/opforge.h>\n"
+        "opforge::Tensor ident(const opforge::Tensor& x) { return x; }\n"
+        "OPFORGE_LIBRARY(t_fpga_keys, m) {\n"
+        "  m.def(\"ident(Tensor x) -> Tensor\");\n"
+        f"  m.impl(\"ident\", c10::DeviceType::{device}, &ident);\n"
+        "}\n")
+    (tmp_path / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.18)\nproject(ident LANGUAGES CXX)\n"
+        "find_package(opforge REQUIRED)\n"
+        f"opforge_add_library(ident STABLE {target and 'TORCH_TARGET_VERSION ' + target} SOURCES ident.cc)\n")
+
+
+@needs_torch("2.10", "building a library on torch's stable ABI", STABLE_BUILDS)
+def test_a_stable_library_naming_a_device_without_a_kernel_key_is_a_load_error(tmp_path):
+    _ident_library(tmp_path, "FPGA")
+    out = build(str(tmp_path), "ident", out=str(tmp_path / "build"))
+    with pytest.raises(RuntimeError, match=r"OPFORGE_LIBRARY\(t_fpga_keys\) at .*ident\.cc:\d+: " + re.escape(
+            'm.impl("ident", device type 7): a stable-ABI library registers kernels by device type for CPU, '
+            'CUDA, HIP, XPU, MPS, Meta and PrivateUse1; for another dispatch key, name it as a string: '
+            'm.impl("ident", "<key>", &fn). Nothing of this block was registered.')):
+        opforge.load_library(os.path.join(out, "libident.so"))
+    assert not hasattr(torch.ops.t_fpga_keys, "ident")
+
+
+def test_a_stable_library_built_against_a_torch_older_than_its_target_is_a_configure_error(tmp_path):
+    # One minor release past the running torch (2.10 on torch 2.9, whose headers have no stable ABI to build on).
+    major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    target = f"{major}.{minor + 1}"
+    _ident_library(tmp_path, "CPU", target)
+    done = subprocess.run(["cmake", "-S", str(tmp_path), "-B", str(tmp_path / "build"), "-G", "Ninja",
+                           f"-DCMAKE_PREFIX_PATH={opforge.cmake_prefix_path}",
+                           f"-DPython_EXECUTABLE={sys.executable}"], capture_output=True, text=True)
+    assert done.returncode != 0
+    text = " ".join(done.stderr.split())
+    assert (f"opforge_add_library(ident): a stable-ABI library targeting torch {target} builds against torch "
+            f"{target} or later (the stable headers of its target), but this is torch {torch.__version__}; build "
+            f"it with a later torch, and the library loads on every torch from {target} on") in text, done.stderr

@@ -12,6 +12,10 @@ import opforge
 
 import kernel_library
 from kernel_library import rms_norm_ref, run_python
+from op_testing import needs_torch
+
+pytestmark = needs_torch("2.10", "a library built on torch's stable ABI",
+                         kernel_library.STABLE_BUILDS or kernel_library.mode() != "stable")
 
 
 @pytest.fixture(scope="module")

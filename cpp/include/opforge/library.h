@@ -345,8 +345,8 @@ struct UnstableMode {
                   "opforge: include <opforge/backward.h> to declare a C++ backward.");
     plan.SetAutograd(op, reinterpret_cast<void*>(static_cast<AutogradRegistrarFn>(&AutogradRegistrar<G, Sig>::Register)));
   }
-  static std::string Key(c10::DeviceType device) { return KeyName(device); }
-  static std::string Key(c10::DispatchKey key) { return KeyName(key); }
+  static std::string Key(const std::string&, c10::DeviceType device) { return KeyName(device); }
+  static std::string Key(const std::string&, c10::DispatchKey key) { return KeyName(key); }
 };
 
 }  // namespace detail

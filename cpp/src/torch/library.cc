@@ -32,16 +32,8 @@ std::string Describe(const std::exception& e) {
 }  // namespace
 
 std::string KeyName(c10::DeviceType device) {
-  switch (device) {
-    case c10::DeviceType::CPU: return "CPU";
-    case c10::DeviceType::CUDA: return "CUDA";
-    case c10::DeviceType::HIP: return "HIP";
-    case c10::DeviceType::XPU: return "XPU";
-    case c10::DeviceType::MPS: return "MPS";
-    case c10::DeviceType::Meta: return "Meta";
-    case c10::DeviceType::PrivateUse1: return "PrivateUse1";
-    default: return c10::DeviceTypeName(device, /*lower_case=*/false);
-  }
+  const char* name = DeviceKeyName(device);
+  return name != nullptr ? name : c10::DeviceTypeName(device, /*lower_case=*/false);
 }
 
 std::string KeyName(c10::DispatchKey key) { return c10::toString(key); }

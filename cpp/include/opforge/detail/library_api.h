@@ -11,6 +11,23 @@
 
 namespace opforge::detail {
 
+// The dispatch key torch registers a device type's kernels under, for the
+// device types that have one; null for the others. One list for both modes
+// (each passes its c10::DeviceType: libtorch's, or the header-only one).
+template <class DeviceType>
+const char* DeviceKeyName(DeviceType device) {
+  switch (device) {
+    case DeviceType::CPU: return "CPU";
+    case DeviceType::CUDA: return "CUDA";
+    case DeviceType::HIP: return "HIP";
+    case DeviceType::XPU: return "XPU";
+    case DeviceType::MPS: return "MPS";
+    case DeviceType::Meta: return "Meta";
+    case DeviceType::PrivateUse1: return "PrivateUse1";
+    default: return nullptr;
+  }
+}
+
 template <class Mode, class Backend>
 class LibraryApi;
 
@@ -103,7 +120,7 @@ class LibraryApi {
   // c10::DispatchKey::Meta, c10::DispatchKey::CompositeImplicitAutograd, ...
   template <class Key, class R, class... Args>
   LibraryApi& impl(const std::string& name, Key key, R (*fn)(Args...)) {
-    AddKernel(name, Mode::Key(key), fn);
+    AddKernel(name, Mode::Key(name, key), fn);
     return *this;
   }
 

@@ -316,20 +316,6 @@ inline BoxedKernel BindKernel(void (*invoke)(void*, StableIValue*, uint64_t, uin
 }
 #pragma GCC visibility pop
 
-// The key name a stable IMPL library takes.
-inline std::string StableKeyName(c10::DeviceType device) {
-  switch (device) {
-    case c10::DeviceType::CPU: return "CPU";
-    case c10::DeviceType::CUDA: return "CUDA";
-    case c10::DeviceType::HIP: return "HIP";
-    case c10::DeviceType::XPU: return "XPU";
-    case c10::DeviceType::MPS: return "MPS";
-    case c10::DeviceType::Meta: return "Meta";
-    case c10::DeviceType::PrivateUse1: return "PrivateUse1";
-    default: throw std::invalid_argument("opforge: this device type has no kernel key in stable-ABI libraries");
-  }
-}
-
 // Registers with torch's stable C shims for the core (opforge/abi.h): one
 // library object for the defs and one per dispatch key, all deleted (so
 // everything they registered is undone) if the block fails.
@@ -436,8 +422,15 @@ struct StableMode {
                   "opforge/stable/backward.h).");
     plan.SetTorchLayerAutograd(op, &StableAutograd<G, Sig>::kDescriptor);
   }
-  static std::string Key(c10::DeviceType device) { return StableKeyName(device); }
-  static std::string Key(const char* key) { return key; }
+  // The key name a stable IMPL library takes for m.impl(op, key, fn).
+  static std::string Key(const std::string& op, c10::DeviceType device) {
+    if (const char* name = DeviceKeyName(device)) return name;
+    throw std::invalid_argument(
+        "m.impl(\"" + op + "\", device type " + std::to_string(static_cast<int>(device)) +
+        "): a stable-ABI library registers kernels by device type for CPU, CUDA, HIP, XPU, MPS, Meta and "
+        "PrivateUse1; for another dispatch key, name it as a string: m.impl(\"" + op + "\", \"<key>\", &fn).");
+  }
+  static std::string Key(const std::string&, const char* key) { return key; }
 };
 
 // Runs an OPFORGE_LIBRARY block at load, then commits it; a failure is a
