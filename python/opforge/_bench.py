@@ -96,6 +96,14 @@ def make_case(n: int, device: str, tag: str) -> Case:
         f"    @staticmethod\n"
         f"    def forward(ctx, {flat_names}):\n        return torch.empty_like(x)\n"
         f"    @staticmethod\n"
+        f"    def backward(ctx, g):\n        return {grads_flat}\n"
+        # In place: x is modified (a kernel that writes it) and returned, marked dirty.
+        f"def inplace_body({struct_params}) -> Tensor:\n    return x\n"
+        f"def dirty_setup(ctx, inputs, output):\n    ctx.mark_dirty(inputs[0])\n"
+        f"class InplaceFunction(torch.autograd.Function):\n"
+        f"    @staticmethod\n"
+        f"    def forward(ctx, {flat_names}):\n        ctx.mark_dirty(x)\n        return x\n"
+        f"    @staticmethod\n"
         f"    def backward(ctx, g):\n        return {grads_flat}\n",
         scope,
     )
@@ -104,6 +112,9 @@ def make_case(n: int, device: str, tag: str) -> Case:
     scope["struct_overload"] = scope["struct_op"].overload
     scope["struct_grad_op"] = opforge.op(f"{ns_opforge}::sg", fake=fake, backward=scope["struct_backward"])(
         scope["struct_grad_body"])
+    scope["inplace_op"] = opforge.op(f"{ns_opforge}::si_", fake=lambda *a, **k: a[0], mutates_args=("x",),
+                                     setup_context=scope["dirty_setup"], backward=scope["struct_backward"])(
+        scope["inplace_body"])
 
     lib = torch.library.Library(ns_define, "FRAGMENT")
     schema = torch.library.infer_schema(scope["flat_body"], mutates_args=())
@@ -141,6 +152,8 @@ def make_case(n: int, device: str, tag: str) -> Case:
         "custom_op_bwd": f"custom_grad_op({grad_flat_call}).backward(G)",
         "function_bwd": f"Function.apply({grad_flat_call}).backward(G)",
         "aten_bwd": "torch.neg(xg).backward(G)",
+        "opforge_inplace_bwd": f"inplace_op({grad_struct_call.replace('xg', 'xg.mul(1)', 1)}).backward(G)",
+        "function_inplace_bwd": f"InplaceFunction.apply({grad_flat_call.replace('xg', 'xg.mul(1)', 1)}).backward(G)",
         "opforge_sum_bwd": f"struct_grad_op({grad_struct_call}).sum().backward()",
         "custom_op_sum_bwd": f"custom_grad_op({grad_flat_call}).sum().backward()",
         "function_sum_bwd": f"Function.apply({grad_flat_call}).sum().backward()",
@@ -305,6 +318,9 @@ def render(device: str, calls: dict[int, dict[str, float]], registration: dict[s
         ("custom_op_bwd", "custom_op + register_autograd"),
         ("function_bwd", "plain torch.autograd.Function"),
         ("aten_bwd", "reference: torch.neg"),
+        (None, "in place (x.mul(1) modified, marked dirty), forward + out.backward(G)"),
+        ("opforge_inplace_bwd", "opforge op with mutates_args and backward"),
+        ("function_inplace_bwd", "torch.autograd.Function"),
         (None, "forward + out.sum().backward()"),
         ("opforge_sum_bwd", "opforge op with backward"),
         ("custom_op_sum_bwd", "custom_op + register_autograd"),
@@ -346,6 +362,8 @@ def render(device: str, calls: dict[int, dict[str, float]], registration: dict[s
         r8 = [calls[n][f"opforge_{suffix}"] / calls[n][f"function_{suffix}"] for n in ns_]
         lines.append(ratio_line(f"opforge / autograd.Function, fwd+{label}", r8, "<= 1.0x",
                                 [r <= 1.0 for r in r8]))
+    r10 = [calls[n]["opforge_inplace_bwd"] / calls[n]["function_inplace_bwd"] for n in ns_]
+    lines.append(ratio_line("opforge / autograd.Function, in place", r10, "<= 1.0x", [r <= 1.0 for r in r10]))
     r9 = [calls[n]["opforge_torch_ops"] / calls[n]["define_impl"] for n in ns_]
     lines.append(ratio_line("op through torch.ops / define+impl", r9, "<= 1.0x", [r <= 1.0 for r in r9]))
 

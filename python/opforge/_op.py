@@ -741,8 +741,8 @@ def _install_autograd(opdef: OpDef, backward: Callable, setup_context: Callable 
     opdef._registrations["Autograd"] = bridge.register()
     opdef._has_autograd = True
     opdef._set_autograd(bridge)
-    # The direct path runs the default Python body (a C++ op has none) and bumps no versions.
-    if not any(leaf.mutated for leaf in opdef.model.leaves) and not opdef._device_kernels and state.fn is not None:
+    # The direct path runs the default Python body (a C++ op has none).
+    if not opdef._device_kernels and state.fn is not None:
         opdef._set_has_backward(True)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from op_testing import fresh_dynamo, graph_breaks, ns, path  # noqa: F401
+from op_testing import both_paths, fresh_dynamo, graph_breaks, ns, path  # noqa: F401
 
 import opforge
 
@@ -121,3 +121,80 @@ def test_opcheck_passes_for_an_op_mutating_a_struct_field(ns):
     acc = accumulate_op(f"{ns}::acc")
     result = opforge.opcheck(acc, (torch.ones(3), Buffers(torch.zeros(3), torch.zeros(()), 2.0)))
     assert set(result.values()) == {"SUCCESS"}
+
+
+# --- an op that mutates and has a backward --------------------------------------------------------
+
+
+def rotate_op(ns: str):
+    """x rotated in place by a kernel that writes it (no torch in-place op, so no
+    version bump of its own), y accumulated into a buffer; x marked dirty."""
+
+    def setup_context(ctx, inputs, output):
+        ctx.mark_dirty(inputs[0])
+
+    def backward(ctx, g):
+        return g.roll(-1), None, None
+
+    @opforge.op(f"{ns}::rotate_", mutates_args=("x", "buf"), setup_context=setup_context, backward=backward)
+    def rotate_(x: Tensor, y: Tensor, buf: Tensor) -> Tensor:
+        with torch.no_grad():
+            x.detach().copy_(x.detach().roll(1))
+            buf.detach().add_(y)
+        return x
+
+    return rotate_
+
+
+def run_rotate(op):
+    a = torch.arange(4.0, requires_grad=True)
+    x, buf = a * 1, torch.zeros(4)
+    before = (x._version, buf._version)
+    out = op(x, torch.ones(4), buf)
+    after = (x._version, buf._version)
+    out.backward(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    return out.detach(), a.grad, buf, after[0] - before[0], after[1] - before[1], out is x
+
+
+def test_an_op_with_a_backward_bumps_versions_alike_on_both_paths_when_a_gradient_is_needed(ns):
+    rotate_ = rotate_op(ns)
+    fast, dispatcher = both_paths(run_rotate, rotate_)
+    for (out, grad, buf, dx, dbuf, same), what in ((fast, "fast"), (dispatcher, "dispatcher")):
+        assert torch.equal(out, torch.tensor([3.0, 0.0, 1.0, 2.0])), what
+        assert torch.equal(grad, torch.tensor([2.0, 3.0, 4.0, 1.0])), what
+        assert torch.equal(buf, torch.ones(4)), what
+        assert same, what
+    assert fast[3:5] == dispatcher[3:5] and fast[3] >= 1 and fast[4] >= 1
+
+
+def test_the_fast_path_records_a_mutating_op_with_a_backward_directly(ns, monkeypatch):
+    # The dispatcher path bumps versions in the op's ADInplaceOrView kernel (Python);
+    # the fast path bumps them itself and records the node without the dispatcher.
+    rotate_ = rotate_op(ns)
+    calls = []
+    original = torch.autograd.graph.increment_version
+    monkeypatch.setattr(torch.autograd.graph, "increment_version", lambda t: (calls.append(1), original(t)))
+    fast, dispatcher = both_paths(run_rotate, rotate_)
+    assert len(calls) == 2, "two mutated tensors, bumped once each by the dispatcher path's kernel only"
+    assert fast[3:5] == dispatcher[3:5]
+
+
+def test_an_inference_tensor_mutated_with_a_gradient_needed_behaves_alike_on_both_paths(ns):
+    rotate_ = rotate_op(ns)
+
+    def call():
+        with torch.inference_mode():
+            buf = torch.zeros(4)
+        try:
+            out = rotate_(torch.arange(4.0, requires_grad=True) * 1, torch.ones(4), buf)
+        except RuntimeError as e:
+            return str(e)
+        return out.detach(), buf.clone(), out.requires_grad
+
+    fast, dispatcher = both_paths(call)
+    assert type(fast) is type(dispatcher)
+    if isinstance(fast, str):
+        assert fast == dispatcher
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(fast[:2], dispatcher[:2])) and fast[2] == dispatcher[2]
+        assert torch.equal(fast[1], torch.ones(4))

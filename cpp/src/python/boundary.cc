@@ -1276,7 +1276,13 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
     if (kernel == nullptr) kernel = op->default_kernel;
     if (kernel == nullptr) mode = -1;
   }
-  const bool bump = mode == 0 && !b->mutated_slots().empty() &&
+  // A call that needs a gradient records the op's node directly (below)
+  // when the op has a backward and a Python body for every device.
+  const bool direct_grad = mode == 1 && op->has_backward && op->bridge != nullptr && op->default_kernel != nullptr;
+  if (mode == 1 && !direct_grad) mode = -1;
+  // Mutated tensors get their version bumped, as the op's ADInplaceOrView
+  // kernel does on the dispatcher path.
+  const bool bump = mode >= 0 && !b->mutated_slots().empty() &&
                     !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
   if (bump && !c10::InferenceMode::is_enabled()) {
     // Bumping an inference tensor's version outside inference mode is an
@@ -1285,10 +1291,10 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
       if (AnyInference(tensors[slot])) mode = -1;
     }
   }
+  if (mode >= 0 && bump) {
+    for (int slot : b->mutated_slots()) BumpVersion(tensors[slot]);
+  }
   if (mode == 0) {
-    if (bump) {
-      for (int slot : b->mutated_slots()) BumpVersion(tensors[slot]);
-    }
     PyObject* result;
     {
       // What the dispatcher's autograd step does before calling the kernel.
@@ -1300,9 +1306,7 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
     Py_DECREF(result);
     return checked;
   }
-  if (mode == 1 && op->has_backward && op->bridge != nullptr && op->default_kernel != nullptr) {
-    return CallWithGrad(*op->bridge, op->default_kernel, out, tensors);
-  }
+  if (mode == 1) return CallWithGrad(*op->bridge, op->default_kernel, out, tensors);
   if (op->dispatch != nullptr) return PyObject_Vectorcall(op->dispatch, out, n, nullptr);
   return b->Dispatch(op->overload, out);
 }
