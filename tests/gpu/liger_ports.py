@@ -4,11 +4,15 @@ calling Liger's backward helper, unchanged (docs/triton.md, "Ports of a
 Triton library").
 
 Each op returns what Liger's Function keeps on ctx between forward and
-backward (RMSNorm's RSTD, LayerNorm's Mean and RSTD) as extra outputs, and
+backward (RMSNorm's RSTD, LayerNorm's Mean and RSTD) as extra outputs,
+which setup_context marks non-differentiable with gradients left
+unmaterialized (backward gets None for them, and no zeros are made), and
 the user-facing function (`rms_norm`, `layer_norm`, ...) returns what
 Liger's Function returns. Where a Liger helper writes a tensor it was given,
 the port hands it a copy, because the op's inputs and gradients may be
-shared with the rest of the program.
+shared with the rest of the program. `rope_` is the exception that shows
+the other way: like Liger's Function it rotates the caller's q and k, and
+says so (`mutates_args`, `ctx.mark_dirty`).
 
 CrossEntropy is the exception: Liger's `cross_entropy_forward` counts the
 targets with `.item()` and `cross_entropy_backward` compares the incoming
@@ -17,6 +21,8 @@ gradient with 1.0 using `torch.equal`, so neither can run under a trace.
 reports the `.item()` line); `cross_entropy` launches the same two Liger
 kernels with the value-dependent parts moved out of the op.
 """
+
+import functools
 
 import torch
 import triton
@@ -34,6 +40,11 @@ import opforge
 Tensor = torch.Tensor
 
 
+# Liger's forward helpers compute the launch settings and return them to their
+# Function; an op's setup_context sees only the outputs, so it asks again, once per width.
+_settings = functools.lru_cache(maxsize=None)(calculate_settings)
+
+
 def _contiguous_copy(t: Tensor) -> Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
@@ -44,12 +55,14 @@ def _contiguous_copy(t: Tensor) -> Tensor:
 def _rms_norm_setup(ctx, inputs, output):
     X, W, eps, offset, casting_mode, in_place = inputs
     _, RSTD = output
+    ctx.mark_non_differentiable(RSTD)
+    ctx.set_materialize_grads(False)
     dim = X.shape[-1]
     ctx.save_for_backward(X.contiguous().view(-1, dim), W, RSTD)
     ctx.offset = offset
     ctx.casting_mode = liger_rms._str_to_casting_mode[casting_mode]
     ctx.in_place = in_place
-    ctx.BLOCK_SIZE, ctx.num_warps = calculate_settings(dim)
+    ctx.BLOCK_SIZE, ctx.num_warps = _settings(dim)
 
 
 def _rms_norm_backward(ctx, dY, _dRSTD):
@@ -77,6 +90,8 @@ def rms_norm(X, W, eps=1e-6, offset=0.0, casting_mode="llama", in_place=False):
 def _layer_norm_setup(ctx, inputs, output):
     X, W, B, _eps = inputs
     _, Mean, RSTD = output
+    ctx.mark_non_differentiable(Mean, RSTD)
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(X.contiguous().view(-1, X.shape[-1]), W, B, Mean, RSTD)
 
 
@@ -101,10 +116,17 @@ def layer_norm(X, W, B, eps=1e-6):
 # --- SwiGLU (LigerSiLUMulFunction) and GeGLU (LigerGELUMulFunction) ---------------------------------
 
 
+def _overwritable(t: Tensor, in_place: bool) -> Tensor:
+    """What a backward helper that writes over `t` gets: a copy, or with
+    in_place=True `t` itself, as Liger's Functions do (memory saved; the
+    caller's tensor overwritten)."""
+    return t.contiguous() if in_place else _contiguous_copy(t)
+
+
 def _swiglu_setup(ctx, inputs, output):
-    a, b, gate_multiplier, down_multiplier = inputs
+    a, b, gate_multiplier, down_multiplier, in_place = inputs
     ctx.save_for_backward(a, b)
-    ctx.gate_multiplier, ctx.down_multiplier = gate_multiplier, down_multiplier
+    ctx.gate_multiplier, ctx.down_multiplier, ctx.in_place = gate_multiplier, down_multiplier, in_place
 
 
 def _swiglu_backward(ctx, dc):
@@ -112,13 +134,16 @@ def _swiglu_backward(ctx, dc):
     dc = dc.contiguous()
     if ctx.down_multiplier != 1.0:
         dc = dc * ctx.down_multiplier
-    # swiglu_backward writes da and db over a and b: give it copies of the saved inputs.
-    da, db = liger_swiglu.swiglu_backward(_contiguous_copy(a), _contiguous_copy(b), dc, ctx.gate_multiplier)
-    return da, db, None, None
+    # swiglu_backward writes da and db over a and b.
+    da, db = liger_swiglu.swiglu_backward(_overwritable(a, ctx.in_place), _overwritable(b, ctx.in_place), dc,
+                                          ctx.gate_multiplier)
+    return da, db, None, None, None
 
 
 @opforge.op("liger::swiglu", setup_context=_swiglu_setup, backward=_swiglu_backward)
-def swiglu(a: Tensor, b: Tensor, gate_multiplier: float = 1.0, down_multiplier: float = 1.0) -> Tensor:
+def swiglu(a: Tensor, b: Tensor, gate_multiplier: float = 1.0, down_multiplier: float = 1.0,
+           in_place: bool = False) -> Tensor:
+    """in_place=True has backward write da and db over a and b, as Liger's Function does."""
     _, _, c = liger_swiglu.swiglu_forward(a.contiguous(), b.contiguous(), gate_multiplier)
     if down_multiplier != 1.0:
         c = c * down_multiplier
@@ -126,16 +151,22 @@ def swiglu(a: Tensor, b: Tensor, gate_multiplier: float = 1.0, down_multiplier: 
 
 
 def _geglu_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+    a, b, in_place = inputs
+    ctx.save_for_backward(a, b)
+    ctx.in_place = in_place
 
 
 def _geglu_backward(ctx, dc):
     a, b = ctx.saved_tensors
-    return liger_geglu.geglu_backward(_contiguous_copy(a), _contiguous_copy(b), dc.contiguous())
+    # geglu_backward writes da and db over a and b.
+    da, db = liger_geglu.geglu_backward(_overwritable(a, ctx.in_place), _overwritable(b, ctx.in_place),
+                                        dc.contiguous())
+    return da, db, None
 
 
 @opforge.op("liger::geglu", setup_context=_geglu_setup, backward=_geglu_backward)
-def geglu(a: Tensor, b: Tensor) -> Tensor:
+def geglu(a: Tensor, b: Tensor, in_place: bool = False) -> Tensor:
+    """in_place=True has backward write da and db over a and b, as Liger's Function does."""
     _, _, c = liger_geglu.geglu_forward(a.contiguous(), b.contiguous())
     return c
 
@@ -162,6 +193,34 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor
     return q, k
 
 
+def _rope_in_place_setup(ctx, inputs, output):
+    q, k, cos, sin = inputs
+    ctx.mark_dirty(q, k)
+    ctx.save_for_backward(cos, sin)
+
+
+def _rope_in_place_backward(ctx, dq, dk):
+    cos, sin = ctx.saved_tensors
+    # As Liger's Function does: rope_backward rotates the incoming gradients in place.
+    dq, dk = liger_rope.rope_backward(dq, dk, cos, sin)
+    return dq, dk, None, None
+
+
+@opforge.op("liger::rope_", mutates_args=("q", "k"), setup_context=_rope_in_place_setup,
+            backward=_rope_in_place_backward)
+def rope_(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """LigerRopeFunction's semantics: rotates q and k in place and returns them. Eager
+    only (an op returning its own inputs has no compiled form); q and k must not be
+    leaves that require grad, as for any in-place op."""
+    rq, rk, _, _ = liger_rope.rope_forward(q, k, cos, sin)
+    # rope_forward rotates a copy when q's (batch, seq, heads, dim) view is not contiguous.
+    if rq.data_ptr() != q.data_ptr():
+        q.copy_(rq)
+    if rk.data_ptr() != k.data_ptr():
+        k.copy_(rk)
+    return q, k
+
+
 def rope_literal_body(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     """The port without copies: Liger's kernel rotates the caller's q and k."""
     q, k, _, _ = liger_rope.rope_forward(q, k, cos, sin)
@@ -174,7 +233,7 @@ def rope_literal_body(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[T
 def _softmax_setup(ctx, inputs, output):
     ctx.save_for_backward(output)
     n_cols = output.shape[-1]
-    ctx.BLOCK_SIZE, ctx.num_warps = calculate_settings(n_cols)
+    ctx.BLOCK_SIZE, ctx.num_warps = _settings(n_cols)
     ctx.multi_block_launch = n_cols > ctx.BLOCK_SIZE
 
 
@@ -194,6 +253,8 @@ def softmax(x: Tensor) -> Tensor:
 
 def _ce_literal_setup(ctx, inputs, output):
     ctx.save_for_backward(output[1])
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
 
 
 def _ce_literal_backward(ctx, grad_loss, _grad_dx):
@@ -217,6 +278,8 @@ def cross_entropy_literal(_input: Tensor, target: Tensor, ignore_index: int = -1
 
 def _ce_setup(ctx, inputs, output):
     ctx.save_for_backward(output[1])
+    ctx.mark_non_differentiable(output[1])
+    ctx.set_materialize_grads(False)
 
 
 def _ce_backward(ctx, grad_loss, _grad_dx):
@@ -266,9 +329,10 @@ OPS = {
     "swiglu": swiglu,
     "geglu": geglu,
     "rope": rope,
+    "rope_": rope_,
     "softmax": softmax,
     "cross_entropy": cross_entropy_sum,
 }
 
-__all__ = ["OPS", "rms_norm", "layer_norm", "swiglu", "geglu", "rope", "softmax", "cross_entropy",
+__all__ = ["OPS", "rms_norm", "layer_norm", "swiglu", "geglu", "rope", "rope_", "softmax", "cross_entropy",
            "cross_entropy_literal", "liger_cross_entropy", "rope_literal_body"]

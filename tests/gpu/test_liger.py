@@ -219,6 +219,52 @@ def test_eager_outputs_and_gradients_equal_liger(name, dtype):
                 f"{name} {dtype} eager")
 
 
+IN_PLACE = {  # the ports' in_place=True, against Liger's Function with its default (in place) backward
+    "rms_norm": (lambda X, W: P.rms_norm(X, W, in_place=True),
+                 lambda X, W: liger_rms.LigerRMSNormFunction.apply(X, W, 1e-6)),
+    "swiglu": (lambda a, b: P.swiglu(a, b, in_place=True), liger_swiglu.LigerSiLUMulFunction.apply),
+    "geglu": (lambda a, b: P.geglu(a, b, in_place=True), liger_geglu.LigerGELUMulFunction.apply),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(IN_PLACE))
+def test_the_in_place_backward_options_equal_liger_eagerly(name, dtype):
+    port, liger = IN_PLACE[name]
+    inputs = inputs_for(CASES[name], dtype)
+    assert_same(forward_backward(port, inputs), forward_backward(liger, inputs), True, dtype,
+                f"{name} in_place=True {dtype} eager")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_in_place_rope_port_rotates_the_callers_tensors_as_liger_does(dtype):
+    q0, k0, cos, sin = inputs_for(CASES["rope"], dtype)
+    results = []
+    for fn in (P.rope_, liger_rope_fn):
+        leaves = fresh((q0, k0))
+        q, k = leaves[0] * 1, leaves[1] * 1  # an in-place op takes tensors that are not leaves
+        outs = as_tuple(fn(q, k, cos, sin))
+        rotated_in_place = outs[0].data_ptr() == q.data_ptr() and outs[1].data_ptr() == k.data_ptr()
+        torch.autograd.backward(outs, output_grads(outs))
+        results.append(([o.detach() for o in outs], [a.grad for a in leaves], rotated_in_place))
+    assert results[0][2] and results[1][2], "both rotate the caller's q and k"
+    assert_same(results[0][:2], results[1][:2], True, dtype, f"rope_ {dtype} eager")
+    q, k = fresh((q0, k0))
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        P.rope_(q, k, cos, sin)
+
+
+def test_the_state_outputs_of_the_ports_are_not_differentiable():
+    X, W = inputs_for(CASES["rms_norm"], torch.float32)
+    Y, RSTD = P.rms_norm_op(X, W, 1e-6)
+    X, W, B = inputs_for(CASES["layer_norm"], torch.float32)
+    Y2, Mean, RSTD2 = P.layer_norm_op(X, W, B, 1e-6)
+    logits, target = inputs_for(CASES["cross_entropy"], torch.float32)
+    loss, dx = P.cross_entropy_sum(logits, target)
+    assert Y.requires_grad and Y2.requires_grad and loss.requires_grad
+    assert not any(t.requires_grad for t in (RSTD, Mean, RSTD2, dx))
+
+
 def test_the_literal_cross_entropy_port_equals_liger_eagerly():
     inputs = inputs_for(CASES["cross_entropy"], torch.float32)
     mine = forward_backward(lambda a, t: P.cross_entropy_literal(a, t)[0], inputs)
