@@ -25,7 +25,7 @@ TORCH_RELEASES ?= 2.9.1 2.10.0 2.11.0 2.12.1 2.13.0 2.14.1 2.15.0
 SAN_BUILD ?= build/sanitize
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: all setup gtest build demo test cpp-test py-test gpu-test bench sanitize tsan clean \
+.PHONY: all setup gtest build demo test cpp-test py-test gpu-test gpu-bench bench sanitize tsan clean \
 	test-torch-latest test-torch-previous test-torch-all wheel-smoke test-stable-abi
 
 all: test
@@ -76,6 +76,11 @@ gpu-test:
 	  || echo "no flag-gems and sqlalchemy wheels in .whl/: tests/gpu/test_flaggems.py will skip"
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
 	$(PYTHON) -m pytest tests/gpu -v -rs
+
+# The Liger-Kernel ports against Liger's own Functions, eager with grad
+# (docs/performance.md); after gpu-test has installed the wheels.
+gpu-bench:
+	$(PYTHON) benchmarks/bench_liger.py
 
 demo: build
 	$(VENV)/bin/opforge demo

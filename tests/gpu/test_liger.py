@@ -10,8 +10,11 @@ torch.compile(fullgraph=True) with Inductor gives the same values with no
 graph break, and Liger's kernels are in the forward and in the backward
 graph that Inductor compiles (no opaque op). `test_timings` prints the
 bf16 forward and forward+backward times next to Liger's Function, eager and
-compiled. The last tests show what opforge reports for ports that let a
-kernel write a tensor they do not own, or whose helper reads tensor values.
+compiled; benchmarks/bench_liger.py is the measurement with repeats. The
+ports' in-place variants (`in_place=True`, `rope_`) equal Liger's Functions,
+which overwrite the same tensors. The last tests show what opforge reports
+for ports that let a kernel write a tensor they do not own, or whose helper
+reads tensor values.
 """
 
 import os
