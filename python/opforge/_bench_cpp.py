@@ -81,7 +81,7 @@ STABLE_LIBRARY = "libopforge_bench_stable.so"
 def build_stable(build_dir: str | None = None, quiet: bool = True) -> str:
     """Compiles the stable-ABI bench ops (torch's stable ABI, target 2.10)
     unless they are newer than their source; returns the library path."""
-    from .gen._build import torch_flags
+    from .gen._build import PRIVATE_STATIC_LIBS, torch_flags
 
     import opforge
 
@@ -93,7 +93,8 @@ def build_stable(build_dir: str | None = None, quiet: bool = True) -> str:
     command = ([os.environ.get("CXX", "c++")] + cflags
                + ["-DOPFORGE_STABLE_ABI", "-DTORCH_TARGET_VERSION=0x020A000000000000ULL",
                   "-I", os.path.join(opforge.cmake_prefix_path, "include"), STABLE_SOURCE, "-o", library,
-                  "-shared", "-Wl,--exclude-libs,ALL", os.path.join(torch_lib, "libtorch_cpu.so"), "-ldl", f"-Wl,-rpath,{torch_lib}"])
+                  "-shared", PRIVATE_STATIC_LIBS, os.path.join(torch_lib, "libtorch_cpu.so"), "-ldl",
+                  f"-Wl,-rpath,{torch_lib}"])
     if not (os.path.exists(library) and os.path.getmtime(library) >= os.path.getmtime(STABLE_SOURCE)):
         if not quiet:
             print(f"  compiling the stable-ABI bench ops into {build_dir} ...", file=sys.stderr, flush=True)

@@ -17,6 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import opforge
+from opforge._torch_version import abi_line
 
 import kernel_library
 from kernel_library import STABLE_BUILDS, rms_norm_ref, run_python
@@ -179,7 +180,7 @@ def test_a_library_built_against_another_opforge_is_a_one_sentence_error():
         opforge.check_library("kernels", opforge_version="3.0", abi_version=7, torch_version="2.10", stable=True)
     # A stable-ABI library loads with any opforge serving its ABI, and any torch from its target on;
     # an older torch is the error naming the torch it needs.
-    running = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    running = abi_line(torch.__version__)
     opforge.check_library("kernels", opforge_version="0.0.9", abi_version=1, torch_version="2.10.0", stable=True,
                           torch_target_version=f"{running[0]}.{running[1]}")
     with pytest.raises(ImportError, match=rf"built on torch's stable ABI for torch {running[0]}\.{running[1] + 1} "
@@ -316,7 +317,7 @@ def test_a_stable_library_naming_a_device_without_a_kernel_key_is_a_load_error(t
 
 def test_a_stable_library_built_against_a_torch_older_than_its_target_is_a_configure_error(tmp_path):
     # One minor release past the running torch (2.10 on torch 2.9, whose headers have no stable ABI to build on).
-    major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    major, minor = abi_line(torch.__version__)
     target = f"{major}.{minor + 1}"
     _ident_library(tmp_path, "CPU", target)
     done = subprocess.run(["cmake", "-S", str(tmp_path), "-B", str(tmp_path / "build"), "-G", "Ninja",

@@ -37,6 +37,11 @@ class BuildResult:
     wall_seconds: float = 0.0
 
 
+# Keeps a C++ runtime linked statically private to the library
+# (cmake/OpforgeTorch.cmake, opforge_private_static_libs).
+PRIVATE_STATIC_LIBS = "-Wl,--exclude-libs,ALL"
+
+
 def torch_flags() -> tuple[list[str], list[str]]:
     """(compile flags, link flags) for the installed torch."""
     import torch
@@ -57,9 +62,7 @@ def torch_flags() -> tuple[list[str], list[str]]:
         "-isystem", os.path.join(root, "include"),
     ]
     lib = os.path.join(root, "lib")
-    # --exclude-libs: a C++ runtime linked statically stays private
-    # (cmake/OpforgeTorch.cmake, opforge_private_static_libs).
-    ldflags = ["-shared", "-Wl,--exclude-libs,ALL", f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
+    ldflags = ["-shared", PRIVATE_STATIC_LIBS, f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
     return cflags, ldflags
 
 
