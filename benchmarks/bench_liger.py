@@ -19,12 +19,12 @@ defaults, which give Liger's helpers copies of what they overwrite
 (SwiGLU's and GeGLU's saved inputs in backward, RoPE's q and k): that row
 times the copies too, and the budget does not apply to it.
 
-Sizes: `small` has [4, 512] rows for the norms, GLUs and softmax, `large`
-is tests/gpu/test_liger.py's timing size ([4096, 4096] and [4096, 8192],
-Llama's attention shapes for rope), where one kernel takes 20-110 µs; on
-the H100 host the host's per-call work (Liger's Python and Triton's
-launcher, about 100 µs a forward) still decides most rows. Each
-sample times N calls between two CUDA events (N chosen for ~5 ms); samples
+Sizes (tests/gpu/liger_inputs.py): `small` has [4, 512] rows for the
+norms, GLUs and softmax, `large` is tests/gpu/test_liger.py's timing size
+([4096, 4096] and [4096, 8192], Llama's attention shapes for rope), where
+one kernel takes 20-140 µs; on the H100 host the host's per-call work
+(Liger's Python and Triton's launcher, about 100 µs a forward) still
+decides most rows. Each sample times N calls between two CUDA events (N chosen for ~5 ms); samples
 alternate which side runs first, with the garbage collector paused; a
 ratio is the median of the ratios of back-to-back pairs, with their first
 and third quartiles in brackets. The last row times Liger's RMSNorm
@@ -52,23 +52,21 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, os.pardir, "tests", "gpu"))
 
+from liger_inputs import as_tuple, forward_backward, fresh, output_grads  # noqa: E402
+
 
 @dataclass
 class Row:
     name: str
     port: Callable
     liger: Callable
-    inputs: Callable  # (dtype, size) -> tuple of tensors
-    prepare: Callable = None  # per call: the arguments both sides get, from the inputs
+    inputs: Callable  # (dtype, size) -> tuple of tensors (liger_inputs)
     same_work: bool = True  # False: the port copies what Liger's Function overwrites (not budgeted)
-
-
-def _leaf(*shape, dtype, device="cuda"):
-    return torch.randn(*shape, device=device, dtype=torch.float32).to(dtype).requires_grad_()
 
 
 def rows():
     import liger_ports as P
+    from liger_inputs import glu_inputs, norm_inputs, rope_inputs, softmax_inputs
     from liger_kernel.ops import geglu as liger_geglu
     from liger_kernel.ops import layer_norm as liger_ln
     from liger_kernel.ops import rms_norm as liger_rms
@@ -76,72 +74,51 @@ def rows():
     from liger_kernel.ops import softmax as liger_softmax
     from liger_kernel.ops import swiglu as liger_swiglu
 
-    def norm(dtype, size, bias):
-        rows_, cols = (4, 512) if size == "small" else (4096, 4096)
-        X = _leaf(rows_, cols, dtype=dtype)
-        W = (torch.rand(cols, device="cuda") + 0.5).to(dtype).requires_grad_()
-        return (X, W, _leaf(cols, dtype=dtype)) if bias else (X, W)
+    def on_non_leaves(rope):
+        """rope given q and k made per call: an in-place op needs inputs that are not leaves."""
+        return lambda q, k, cos, sin: rope(q * 1, k * 1, cos, sin)
 
-    def glu(dtype, size):
-        rows_, cols = (4, 512) if size == "small" else (4096, 8192)
-        return _leaf(rows_, cols, dtype=dtype), _leaf(rows_, cols, dtype=dtype)
+    def norm(dtype, size):
+        return norm_inputs(dtype, size, False)
 
-    def rope_inputs(dtype, size):
-        b, s, hq, hk, d = (1, 16, 8, 2, 64) if size == "small" else (4, 1024, 32, 8, 128)
-        q = torch.randn(b, s, hq, d, device="cuda").to(dtype).transpose(1, 2).requires_grad_()
-        k = torch.randn(b, s, hk, d, device="cuda").to(dtype).transpose(1, 2).requires_grad_()
-        angles = torch.arange(s, device="cuda")[:, None] * torch.rand(d // 2, device="cuda")[None, :]
-        angles = torch.cat([angles, angles], dim=-1)[None]
-        return q, k, angles.cos().to(dtype), angles.sin().to(dtype)
-
-    def softmax_inputs(dtype, size):
-        return (_leaf(*((4, 512) if size == "small" else (4096, 4096)), dtype=dtype),)
-
-    def non_leaf_qk(q, k, cos, sin):
-        return q * 1, k * 1, cos, sin
+    def norm_bias(dtype, size):
+        return norm_inputs(dtype, size, True)
 
     rms = liger_rms.LigerRMSNormFunction.apply
     swiglu, geglu = liger_swiglu.LigerSiLUMulFunction.apply, liger_geglu.LigerGELUMulFunction.apply
     return [
-        Row("rms_norm", lambda X, W: P.rms_norm(X, W), lambda X, W: rms(X, W, 1e-6, 0.0, "llama", False),
-            lambda d, s: norm(d, s, False)),
+        Row("rms_norm", lambda X, W: P.rms_norm(X, W), lambda X, W: rms(X, W, 1e-6, 0.0, "llama", False), norm),
         Row("rms_norm, dX over dY", lambda X, W: P.rms_norm(X, W, in_place=True), lambda X, W: rms(X, W, 1e-6),
-            lambda d, s: norm(d, s, False)),
+            norm),
         Row("layer_norm", P.layer_norm, lambda X, W, B: liger_ln.LigerLayerNormFunction.apply(X, W, B, 1e-6),
-            lambda d, s: norm(d, s, True)),
-        Row("swiglu, da db over a b", lambda a, b: P.swiglu(a, b, in_place=True), swiglu, glu),
-        Row("swiglu, copies", P.swiglu, swiglu, glu, same_work=False),
-        Row("geglu, da db over a b", lambda a, b: P.geglu(a, b, in_place=True), geglu, glu),
-        Row("geglu, copies", P.geglu, geglu, glu, same_work=False),
-        Row("rope_", P.rope_, liger_rope.LigerRopeFunction.apply, rope_inputs, prepare=non_leaf_qk),
+            norm_bias),
+        Row("swiglu, da db over a b", lambda a, b: P.swiglu(a, b, in_place=True), swiglu, glu_inputs),
+        Row("swiglu, copies", P.swiglu, swiglu, glu_inputs, same_work=False),
+        Row("geglu, da db over a b", lambda a, b: P.geglu(a, b, in_place=True), geglu, glu_inputs),
+        Row("geglu, copies", P.geglu, geglu, glu_inputs, same_work=False),
+        Row("rope_", on_non_leaves(P.rope_), on_non_leaves(liger_rope.LigerRopeFunction.apply), rope_inputs),
         Row("rope, copies", P.rope, liger_rope.LigerRopeFunction.apply, rope_inputs, same_work=False),
         Row("softmax", P.softmax, liger_softmax.LigerSoftmaxFunction.apply, softmax_inputs),
         # The noise floor: Liger's Function against itself.
-        Row("control, Liger / Liger", lambda X, W: rms(X, W, 1e-6), lambda X, W: rms(X, W, 1e-6),
-            lambda d, s: norm(d, s, False), same_work=False),
+        Row("control, Liger / Liger", lambda X, W: rms(X, W, 1e-6), lambda X, W: rms(X, W, 1e-6), norm,
+            same_work=False),
     ]
-
-
-def as_tuple(out):
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
 class Runner:
     """forward() and forward_backward() of one side over fixed inputs."""
 
-    def __init__(self, fn, inputs, prepare):
-        self.fn, self.prepare = fn, prepare or (lambda *a: a)
-        self.args = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    def __init__(self, fn, inputs):
+        self.fn = fn
+        self.args = fresh(inputs)
         self.leaves = [a for a in self.args if a.requires_grad]
-        outs = as_tuple(fn(*self.prepare(*self.args)))
-        torch.manual_seed(1)
-        self.grads = [torch.randn_like(o) for o in outs]
+        self.grads = output_grads(as_tuple(fn(*self.args)))
 
     def forward(self):
-        self.fn(*self.prepare(*self.args))
+        self.fn(*self.args)
 
     def forward_backward(self):
-        torch.autograd.backward(as_tuple(self.fn(*self.prepare(*self.args))), self.grads)
+        torch.autograd.backward(as_tuple(self.fn(*self.args)), self.grads)
         for a in self.leaves:
             a.grad = None
 
@@ -184,20 +161,15 @@ def compare(mine, theirs, repeats):
 
 def same_values(row, inputs):
     """The port's outputs and input gradients equal Liger's, bit for bit."""
-    results = []
-    for fn in (row.port, row.liger):
-        args = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
-        outs = as_tuple(fn(*(row.prepare or (lambda *a: a))(*args)))
-        torch.manual_seed(1)
-        torch.autograd.backward(outs, [torch.randn_like(o) for o in outs])
-        results.append([o.detach() for o in outs] + [a.grad for a in args if a.requires_grad])
-    return all(torch.equal(x, y) for x, y in zip(*results)) and len(results[0]) == len(results[1])
+    mine, theirs = (forward_backward(fn, inputs) for fn in (row.port, row.liger))
+    flat_mine, flat_theirs = mine[0] + mine[1], theirs[0] + theirs[1]
+    return len(flat_mine) == len(flat_theirs) and all(torch.equal(x, y) for x, y in zip(flat_mine, flat_theirs))
 
 
 def profile(row, inputs, size):
     if size == "small":
         for label, fn in (("opforge", row.port), ("Liger", row.liger)):
-            r = Runner(fn, inputs, row.prepare)
+            r = Runner(fn, inputs)
             r.forward_backward()
             torch.cuda.synchronize()
             prof = cProfile.Profile()
@@ -216,7 +188,7 @@ def profile(row, inputs, size):
         from torch.profiler import profile as torch_profile
 
         for label, fn in (("opforge", row.port), ("Liger", row.liger)):
-            r = Runner(fn, inputs, row.prepare)
+            r = Runner(fn, inputs)
             r.forward_backward()
             torch.cuda.synchronize()
             with torch_profile(activities=[ProfilerActivity.CUDA]) as p:
@@ -260,7 +232,7 @@ def main() -> int:
                 torch.manual_seed(0)
                 inputs = row.inputs(dtype, size)
                 equal = same_values(row, inputs)
-                mine, theirs = Runner(row.port, inputs, row.prepare), Runner(row.liger, inputs, row.prepare)
+                mine, theirs = Runner(row.port, inputs), Runner(row.liger, inputs)
                 f = compare(mine.forward, theirs.forward, args.repeats)
                 fb = compare(mine.forward_backward, theirs.forward_backward, args.repeats)
                 if row.same_work:

@@ -32,6 +32,8 @@ triton = pytest.importorskip("triton")
 pytest.importorskip("liger_kernel", reason="needs liger-kernel (pip install --no-deps .whl/liger_kernel-*.whl)")
 
 import liger_ports as P  # noqa: E402
+from liger_inputs import (GLU, as_tuple, ce_inputs, forward_backward, fresh, glu_inputs, norm_inputs,  # noqa: E402
+                          output_grads, rope_inputs, softmax_inputs)
 from liger_kernel.ops import cross_entropy as liger_ce  # noqa: E402
 from liger_kernel.ops import geglu as liger_geglu  # noqa: E402
 from liger_kernel.ops import layer_norm as liger_ln  # noqa: E402
@@ -48,7 +50,6 @@ from triton_testing import RecordingInductor, chain_text, jit_function  # noqa: 
 
 DTYPES = [torch.float32, torch.bfloat16]
 TIMING_DTYPES = [torch.bfloat16]  # each timed row compiles twice; the training dtype is the one that matters
-DEV = "cuda"
 
 
 # --- the cases: one per Liger Function --------------------------------------------------------------
@@ -58,7 +59,7 @@ DEV = "cuda"
 class Case:
     port: Callable  # the user-facing function over the opforge op
     liger: Callable  # the same over Liger's autograd.Function
-    inputs: Callable  # (dtype, size) -> tuple of tensors; size is "test" or "bench"
+    inputs: Callable  # (dtype, size) -> tuple of tensors; size is "test" or "large" (liger_inputs)
     op: opforge.OpDef
     forward_kernels: list  # what the forward graph launches for these inputs
     backward_kernels: list
@@ -71,44 +72,6 @@ class Case:
 # in-place operation") while tracing the backward, before opforge's write
 # analysis runs; torch 2.13+ traces it and opforge warns.
 _TRACES_SAVED_INPUT_WRITES = torch.torch_version.TorchVersion(torch.__version__) >= "2.13"
-
-def leaf(*shape, dtype, scale=1.0):
-    return (torch.randn(*shape, device=DEV, dtype=torch.float32) * scale).to(dtype).requires_grad_()
-
-
-def norm_inputs(dtype, size, bias):
-    rows, cols = (512, 1024) if size == "test" else (4096, 4096)
-    X = leaf(rows, cols, dtype=dtype)
-    W = (torch.rand(cols, device=DEV) + 0.5).to(dtype).requires_grad_()
-    return (X, W, leaf(cols, dtype=dtype)) if bias else (X, W)
-
-
-def glu_inputs(dtype, size):
-    rows, cols = (512, 2048) if size == "test" else (4096, 8192)
-    return leaf(rows, cols, dtype=dtype), leaf(rows, cols, dtype=dtype)
-
-
-def rope_inputs(dtype, size):
-    b, s, hq, hk, d = (2, 128, 8, 2, 64) if size == "test" else (4, 1024, 32, 8, 128)
-    # Llama's layout: (batch, seq, heads, dim) in memory, seen as (batch, heads, seq, dim).
-    q = torch.randn(b, s, hq, d, device=DEV).to(dtype).transpose(1, 2).requires_grad_()
-    k = torch.randn(b, s, hk, d, device=DEV).to(dtype).transpose(1, 2).requires_grad_()
-    angles = torch.arange(s, device=DEV)[:, None] * torch.rand(d // 2, device=DEV)[None, :]
-    angles = torch.cat([angles, angles], dim=-1)[None]
-    return q, k, angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def softmax_inputs(dtype, size):
-    return (leaf(*((512, 1024) if size == "test" else (4096, 4096)), dtype=dtype),)
-
-
-def ce_inputs(dtype, size):
-    rows, vocab = (512, 4096) if size == "test" else (4096, 32000)
-    logits = leaf(rows, vocab, dtype=dtype)
-    target = torch.randint(0, vocab, (rows,), device=DEV)
-    target[::2] = -100  # half the targets ignored: the mean divides by a power of two
-    return logits, target
-
 
 def liger_rms_norm(X, W):
     return liger_rms.LigerRMSNormFunction.apply(X, W, 1e-6)
@@ -127,7 +90,7 @@ def liger_rope_fn(q, k, cos, sin):
 
 
 def swiglu_kernels():
-    tiled = liger_swiglu._should_tile(2048)
+    tiled = liger_swiglu._should_tile(GLU["test"][1])
     return ([liger_swiglu._swiglu_forward_kernel_tiled if tiled else liger_swiglu._swiglu_forward_kernel],
             [liger_swiglu._swiglu_backward_kernel_tiled if tiled else liger_swiglu._swiglu_backward_kernel])
 
@@ -162,32 +125,6 @@ def _fresh(fresh_compile):
 def inputs_for(case, dtype, size="test"):
     torch.manual_seed(0)
     return case.inputs(dtype, size)
-
-
-def fresh(inputs):
-    """Copies of the inputs (Liger's Functions write some of theirs), same strides, leaves again."""
-    out = []
-    for t in inputs:
-        c = t.detach().clone()
-        out.append(c.requires_grad_() if t.requires_grad else c)
-    return out
-
-
-def as_tuple(out):
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-
-def output_grads(outs):
-    torch.manual_seed(1)
-    return [torch.randn_like(o) for o in outs]
-
-
-def forward_backward(fn, inputs):
-    """(outputs, input gradients) of fn, the outputs given fixed random gradients."""
-    args = fresh(inputs)
-    outs = as_tuple(fn(*args))
-    torch.autograd.backward(outs, output_grads(outs))
-    return [o.detach() for o in outs], [a.grad for a in args if a.requires_grad]
 
 
 def assert_close_in_scale(a, b, dtype, what):
@@ -406,7 +343,7 @@ def test_timings(capsys):
     rows = []
     for name, case in CASES.items():
         for dtype in TIMING_DTYPES:
-            inputs = inputs_for(case, dtype, "bench")
+            inputs = inputs_for(case, dtype, "large")
             torch._dynamo.reset()
             liger_eager = _measure(case.liger, inputs)
             liger_compiled = _measure(torch.compile(case.liger), inputs)
