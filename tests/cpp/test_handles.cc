@@ -4,8 +4,8 @@
 #include <random>
 #include <thread>
 
-#include "opforge/error.h"
-#include "opforge/handles.h"
+#include "core/error.h"
+#include "core/handles.h"
 
 namespace opforge {
 namespace {

@@ -11,12 +11,12 @@
 #include "opforge/opforge.h"
 
 // The core's registries, which the tests inspect.
-#include "opforge/error.h"
-#include "opforge/handles.h"
-#include "opforge/libraries.h"
-#include "opforge/spec.h"
-#include "opforge/structs.h"
-#include "opforge/tags.h"
+#include "core/error.h"
+#include "core/handles.h"
+#include "core/libraries.h"
+#include "core/spec.h"
+#include "core/structs.h"
+#include "core/tags.h"
 
 namespace lib_test {
 

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "opforge/error.h"
-#include "opforge/spec.h"
+#include "core/error.h"
+#include "core/spec.h"
 
 namespace opforge {
 namespace {

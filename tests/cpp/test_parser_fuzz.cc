@@ -6,8 +6,8 @@
 #include <chrono>
 #include <random>
 
-#include "opforge/error.h"
-#include "opforge/schema.h"
+#include "core/error.h"
+#include "core/schema.h"
 
 namespace opforge {
 namespace {

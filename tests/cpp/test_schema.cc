@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "opforge/error.h"
-#include "opforge/schema.h"
+#include "core/error.h"
+#include "core/schema.h"
 
 namespace opforge {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <thread>
 
-#include "opforge/error.h"
-#include "opforge/structs.h"
+#include "core/error.h"
+#include "core/structs.h"
 
 namespace opforge {
 namespace {

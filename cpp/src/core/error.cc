@@ -1,4 +1,4 @@
-#include "opforge/error.h"
+#include "core/error.h"
 
 #include <utility>
 

@@ -1,6 +1,6 @@
-#include "opforge/handles.h"
+#include "core/handles.h"
 
-#include "opforge/error.h"
+#include "core/error.h"
 
 namespace opforge {
 namespace {

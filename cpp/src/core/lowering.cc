@@ -4,8 +4,8 @@
 #include <map>
 #include <set>
 
-#include "opforge/error.h"
-#include "opforge/spec.h"
+#include "core/error.h"
+#include "core/spec.h"
 
 namespace opforge {
 namespace {

@@ -9,8 +9,8 @@
 #include <map>
 #include <set>
 
-#include "opforge/error.h"
-#include "opforge/schema.h"
+#include "core/error.h"
+#include "core/schema.h"
 
 namespace opforge {
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <unordered_set>
 
-#include "opforge/error.h"
-#include "opforge/schema.h"
-#include "opforge/structs.h"
+#include "core/error.h"
+#include "core/schema.h"
+#include "core/structs.h"
 
 namespace opforge {
 namespace {

@@ -1,10 +1,10 @@
-#include "opforge/structs.h"
+#include "core/structs.h"
 
 #include <cctype>
 #include <set>
 
-#include "opforge/error.h"
-#include "opforge/spec.h"
+#include "core/error.h"
+#include "core/spec.h"
 
 namespace opforge {
 

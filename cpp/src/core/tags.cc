@@ -1,9 +1,9 @@
-#include "opforge/tags.h"
+#include "core/tags.h"
 
 #include <algorithm>
 #include <set>
 
-#include "opforge/error.h"
+#include "core/error.h"
 
 namespace opforge {
 

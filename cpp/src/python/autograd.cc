@@ -6,7 +6,7 @@
 // mark_non_differentiable, set_materialize_grads, needs_input_grad) is done
 // here with the same torch functions, without its Python layers.
 #include "autograd.h"
-#include "../torch/nodes.h"
+#include "torch/nodes.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "boundary.h"
-#include "opforge/autograd.h"
+#include "torch/autograd_kernels.h"
 #include "opforge/backward.h"
 
 namespace py = pybind11;

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "opforge/autograd.h"
-#include "opforge/spec.h"
+#include "torch/autograd_kernels.h"
+#include "core/spec.h"
 
 namespace opforge {
 

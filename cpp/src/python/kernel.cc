@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "boundary.h"
-#include "opforge/autograd.h"
+#include "torch/autograd_kernels.h"
 
 namespace py = pybind11;
 

@@ -13,14 +13,14 @@
 #include <complex>
 
 #include "opforge/abi.h"
-#include "opforge/autograd.h"
-#include "opforge/error.h"
-#include "opforge/handles.h"
-#include "opforge/libraries.h"
-#include "opforge/schema.h"
-#include "opforge/spec.h"
-#include "opforge/structs.h"
-#include "opforge/tags.h"
+#include "torch/autograd_kernels.h"
+#include "core/error.h"
+#include "core/handles.h"
+#include "core/libraries.h"
+#include "core/schema.h"
+#include "core/spec.h"
+#include "core/structs.h"
+#include "core/tags.h"
 
 namespace py = pybind11;
 

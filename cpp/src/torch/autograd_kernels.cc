@@ -13,10 +13,10 @@
 #include <string>
 #include <unordered_map>
 
-#include "opforge/autograd.h"
-#include "opforge/libraries.h"
-#include "ivalues.h"
-#include "nodes.h"
+#include "torch/autograd_kernels.h"
+#include "core/libraries.h"
+#include "torch/ivalues.h"
+#include "torch/nodes.h"
 
 namespace opforge {
 namespace {

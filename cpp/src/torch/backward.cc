@@ -5,8 +5,8 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "opforge/error.h"
-#include "opforge/tags.h"
+#include "core/error.h"
+#include "core/tags.h"
 
 namespace opforge {
 namespace detail {

@@ -22,9 +22,9 @@
 
 #include "opforge/abi.h"
 #include "opforge/backward.h"
-#include "opforge/libraries.h"
-#include "ivalues.h"
-#include "opforge/tags.h"
+#include "core/libraries.h"
+#include "torch/ivalues.h"
+#include "core/tags.h"
 
 namespace opforge::detail {
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "opforge/spec.h"
+#include "core/spec.h"
 
 namespace opforge {
 

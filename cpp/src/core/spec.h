@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "opforge/schema.h"
-#include "opforge/structs.h"
+#include "core/schema.h"
+#include "core/structs.h"
 
 namespace opforge {
 

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "opforge/schema.h"
+#include "core/schema.h"
 
 namespace opforge {
 

@@ -1,0 +1,64 @@
+// The registry of C++ kernel libraries' ops and load errors (libraries.h).
+#include "core/libraries.h"
+
+#include <cstdio>
+
+namespace opforge {
+
+LibraryRegistry& LibraryRegistry::Global() {
+  static auto* registry = new LibraryRegistry();
+  return *registry;
+}
+
+void LibraryRegistry::Listen(std::function<void(const LibraryOp&)> listener) {
+  std::vector<LibraryOp> past;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [name, op] : ops_) past.push_back(op);
+    listeners_.push_back(listener);
+  }
+  for (const auto& op : past) listener(op);
+}
+
+void LibraryRegistry::Add(const std::vector<LibraryOp>& ops) {
+  std::vector<std::function<void(const LibraryOp&)>> listeners;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& op : ops) ops_[op.name] = op;
+    ++generation_;
+    listeners = listeners_;
+  }
+  for (const auto& op : ops) {
+    for (const auto& listener : listeners) listener(op);
+  }
+}
+
+void LibraryRegistry::Remove(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ops_.erase(name);
+}
+
+std::optional<LibraryOp> LibraryRegistry::Find(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = ops_.find(name);
+  if (it == ops_.end()) return std::nullopt;
+  return it->second;
+}
+
+uint64_t LibraryRegistry::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
+}
+
+void LibraryRegistry::AddLoadError(LoadError error) {
+  std::fprintf(stderr, "opforge: %s\n", error.message.c_str());
+  std::lock_guard<std::mutex> lock(mu_);
+  errors_.push_back(std::move(error));
+}
+
+std::vector<LoadError> LibraryRegistry::LoadErrors() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return errors_;
+}
+
+}  // namespace opforge
