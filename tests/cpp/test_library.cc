@@ -173,15 +173,19 @@ struct SymbolicNode : c10::SymNodeImpl {
 };
 
 TEST_F(LibraryTest, AConcreteSymIntHandleResolvesAndASymbolicOneHasNoObject) {
-  using Leaf = opforge::detail::Unboxed<opforge::Handle<Runner>>;
+  // A handle leaf arrives as a SymInt and is read as the kernel's Handle<Runner>.
+  auto build = [](c10::SymInt arg) {
+    using opforge::detail::HandleId;
+    return opforge::detail::LeafTraits<opforge::Handle<Runner>>::FromWide(opforge::detail::FromUnboxed<HandleId>(arg));
+  };
   auto runner = std::make_shared<Runner>(Runner{2.0});
   int64_t h = opforge::RegisterHandle(runner);
-  opforge::Handle<Runner> concrete = Leaf::Build(c10::SymInt(h));
+  opforge::Handle<Runner> concrete = build(c10::SymInt(h));
   EXPECT_FALSE(concrete.is_symbolic());
   EXPECT_EQ(&concrete.get(), runner.get());
   EXPECT_EQ(concrete.id(), h);
 
-  opforge::Handle<Runner> symbolic = Leaf::Build(c10::SymInt(c10::SymNode(c10::make_intrusive<SymbolicNode>())));
+  opforge::Handle<Runner> symbolic = build(c10::SymInt(c10::SymNode(c10::make_intrusive<SymbolicNode>())));
   EXPECT_TRUE(symbolic.is_symbolic());
   try {
     (void)symbolic->k;

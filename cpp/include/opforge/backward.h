@@ -26,16 +26,18 @@
 //   }
 //
 // The forward still runs the op's kernels through the dispatcher (per-device
-// kernels, the Meta kernel); opforge wraps the call in a
-// torch::autograd::Function, so the graph node, saved-tensor checks and
-// gradient materialization are torch's. Nothing on either path is Python.
+// kernels, the Meta kernel). The op's Autograd kernel and graph node are
+// opforge's torch layer's, the same for both ABIs (a torch::autograd::Function,
+// so saved-tensor checks and gradient materialization are torch's); this
+// header adapts G to them. Nothing on either path is Python.
 #pragma once
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/ivalue.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/FunctionRef.h>
 #include <c10/util/flat_hash_map.h>
 
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -55,13 +57,14 @@ struct AutogradContext;
 namespace opforge {
 namespace detail {
 struct AutogradOp;
-struct OpBackward;
 }  // namespace detail
 
 // What setup_context and backward receive: torch's AutogradContext, with
 // needs_input_grad counted in the op's original parameters.
 class AutogradContext {
  public:
+  AutogradContext(torch::autograd::AutogradContext* ctx, const detail::AutogradOp* op, const int64_t* counts);
+
   // Non-tensor data for backward, as in torch::autograd::AutogradContext.
   ska::flat_hash_map<std::string, at::IValue>& saved_data;
 
@@ -76,130 +79,98 @@ class AutogradContext {
   torch::autograd::AutogradContext& torch_context() const { return *ctx_; }
 
  private:
-  friend struct detail::OpBackward;
-  AutogradContext(torch::autograd::AutogradContext* ctx, const detail::AutogradOp* op,
-                  const int64_t* counts);
-
   torch::autograd::AutogradContext* ctx_;
   const detail::AutogradOp* op_;
-  const int64_t* counts_;  // tensors per tensor leaf, or null when each has one
+  const int64_t* counts_;  // tensors per flat argument, or null when each tensor argument has one
 };
 
 namespace detail {
 
-// ---------------------------------------------------------------------------
-// The type-erased half, implemented once in the torch layer (backward.cc).
+// One op's backward as opforge's torch layer runs it, for both ABIs: made
+// when the op is registered and never freed (graph nodes may outlive the
+// library that registered it).
+enum : char { kNoTensor = 0, kOneTensor = 1, kSomeTensors = 2 };  // Tensor? and lists: 0 or more
 
-// One op's backward, made at registration and never freed: graph nodes may
-// outlive the library that registered it.
 struct AutogradOp : OpNames {
-  std::vector<int> tensor_leaf_param;    // per Tensor leaf: its parameter
-  bool dynamic = false;                  // Tensor? or Tensor[] leaves: counts vary per call
-  std::vector<at::Tensor> (*backward)(AutogradContext& ctx, const AutogradOp& op,
-                                      std::vector<at::Tensor>&& grads, const int64_t* counts) = nullptr;
+  std::vector<int> arg_param;     // per flat argument: the kernel parameter it belongs to
+  std::vector<char> arg_tensors;  // per flat argument: kNoTensor, kOneTensor or kSomeTensors
+  bool dynamic = false;           // Tensor? or Tensor[] arguments: their tensor counts vary per call
+  size_t num_returns = 0;
+  // A boxed kernel's setup (stable_autograd.cc): after the forward, with the
+  // call's flat arguments and returns.
+  void (*setup)(AutogradContext& ctx, const AutogradOp& op, const c10::IValue* args,
+                const c10::IValue* returns) = nullptr;
+  // The outputs' gradients in, one gradient per tensor of the flat arguments
+  // out; `counts` as Tensors() takes them.
+  std::vector<at::Tensor> (*backward)(AutogradContext& ctx, const AutogradOp& op, std::vector<at::Tensor>&& grads,
+                                      const int64_t* counts) = nullptr;
+  const void* descriptor = nullptr;  // a stable-ABI library's OpforgeStableAutogradV1
+
+  // How many tensors flat argument `arg` gave: `counts` per argument for a
+  // dynamic op, else one per tensor argument.
+  size_t Tensors(const int64_t* counts, size_t arg) const {
+    return counts ? static_cast<size_t>(counts[arg]) : arg_tensors[arg] == kOneTensor ? 1 : 0;
+  }
 };
-
-// The forward of one call: runs the op below autograd, then setup_context.
-class AutogradCall {
- public:
-  virtual std::vector<at::Tensor> Forward(AutogradContext& ctx) = 0;
-
- protected:
-  ~AutogradCall() = default;
-};
-
-// Runs `call` inside a torch::autograd::Function whose inputs are `inputs`
-// (the defined tensors of the Tensor leaves, in flat order; `counts` says how
-// many each leaf gave when op.dynamic). Returns the outputs with their history.
-std::vector<at::Tensor> ApplyAutograd(const AutogradOp& op, std::vector<at::Tensor> inputs,
-                                      std::vector<int64_t> counts, AutogradCall& call);
 
 // Every runtime autograd key (AutogradCPU, AutogradCUDA, ...). The kernel goes
 // to each: a registration to the Autograd alias would lose to a
 // CompositeImplicitAutograd kernel from `m.def(schema, fn)`.
 const std::vector<c10::DispatchKey>& AutogradRuntimeKeys();
 
-// Checks that `qualified` may get a C++ backward and fills op's name and
-// parameter names. Throws for an unknown op or one that mutates arguments.
-void PrepareAutogradOp(const std::string& qualified, size_t num_params, AutogradOp& op);
+// Fills `op`'s names and flat-argument map from the op's lowered spec. Throws
+// for an op opforge did not define, or a signature of another parameter count.
+void PrepareAutogradOp(const std::string& qualified, std::optional<size_t> num_params, AutogradOp& op);
 
-[[noreturn]] void ThrowUndefinedInput(const AutogradOp& op, size_t param);
+// Runs `forward` (the op below autograd, then setup) inside the op's graph
+// node, whose inputs are `inputs` (the defined tensors of the tensor
+// arguments, in flat order; `counts` says how many each argument gave when
+// op.dynamic). Returns the outputs with their history.
+std::vector<at::Tensor> ApplyAutograd(const AutogradOp& op, at::TensorList inputs, const std::vector<int64_t>& counts,
+                                      c10::function_ref<std::vector<at::Tensor>(AutogradContext&)> forward);
 
-// ---------------------------------------------------------------------------
-// Flat leaves as autograd sees them.
+[[noreturn]] void ThrowUndefinedInput(const AutogradOp& op, size_t arg);
 
-enum class TensorKind { kNone, kTensor, kOptional, kList, kOptionalList };
-
+// Flat arguments as autograd sees them.
 template <class F>
-constexpr TensorKind KindOf() {
+constexpr char TensorsIn() {
   using T = std::decay_t<F>;
   if constexpr (std::is_same_v<T, at::Tensor>) {
-    return TensorKind::kTensor;
-  } else if constexpr (std::is_same_v<T, std::optional<at::Tensor>>) {
-    return TensorKind::kOptional;
-  } else if constexpr (std::is_same_v<T, at::TensorList>) {
-    return TensorKind::kList;
-  } else if constexpr (std::is_same_v<T, std::optional<at::TensorList>>) {
-    return TensorKind::kOptionalList;
+    return kOneTensor;
+  } else if constexpr (std::is_same_v<T, std::optional<at::Tensor>> || std::is_same_v<T, at::TensorList> ||
+                       std::is_same_v<T, std::optional<at::TensorList>>) {
+    return kSomeTensors;
   } else {
-    return TensorKind::kNone;
+    return kNoTensor;
+  }
+}
+
+// The tensors of one flat argument: `f(tensor)` for each.
+template <class F, class Fn>
+void ForEachTensorOf(const F& v, Fn&& f) {
+  using T = std::decay_t<F>;
+  if constexpr (std::is_same_v<T, at::Tensor>) {
+    f(v);
+  } else if constexpr (std::is_same_v<T, std::optional<at::Tensor>>) {
+    if (v.has_value()) f(*v);
+  } else if constexpr (std::is_same_v<T, at::TensorList>) {
+    for (const auto& t : v) f(t);
+  } else if constexpr (std::is_same_v<T, std::optional<at::TensorList>>) {
+    if (v.has_value()) {
+      for (const auto& t : *v) f(t);
+    }
   }
 }
 
 template <class F>
 bool RequiresGrad(const F& v) {
-  constexpr TensorKind kind = KindOf<F>();
-  if constexpr (kind == TensorKind::kTensor) {
-    return v.requires_grad();
-  } else if constexpr (kind == TensorKind::kOptional) {
-    return v.has_value() && v->requires_grad();
-  } else if constexpr (kind == TensorKind::kList || kind == TensorKind::kOptionalList) {
-    at::TensorList list;
-    if constexpr (kind == TensorKind::kList) {
-      list = v;
-    } else if (v.has_value()) {
-      list = *v;
-    }
-    for (const auto& t : list) {
-      if (t.requires_grad()) return true;
-    }
-    return false;
-  } else {
-    return false;
-  }
+  bool any = false;
+  ForEachTensorOf(v, [&](const at::Tensor& t) { any = any || t.requires_grad(); });
+  return any;
 }
 
-// The tensors autograd sees for one leaf; returns how many were defined.
-template <class F>
-int64_t CollectInputs(const F& v, std::vector<at::Tensor>& inputs) {
-  constexpr TensorKind kind = KindOf<F>();
-  if constexpr (kind == TensorKind::kTensor) {
-    if (!v.defined()) return 0;
-    inputs.push_back(v);
-    return 1;
-  } else if constexpr (kind == TensorKind::kOptional) {
-    if (!v.has_value() || !v->defined()) return 0;
-    inputs.push_back(*v);
-    return 1;
-  } else {
-    at::TensorList list;
-    if constexpr (kind == TensorKind::kList) {
-      list = v;
-    } else if (v.has_value()) {
-      list = *v;
-    }
-    inputs.insert(inputs.end(), list.begin(), list.end());
-    return static_cast<int64_t>(list.size());
-  }
-}
-
-template <class T>
-struct IsTuple : std::false_type {};
-template <class... T>
-struct IsTuple<std::tuple<T...>> : std::true_type {};
-
-// The autograd kernel: registered for every runtime autograd key with the
-// op's flat signature.
+// The op's Autograd kernel, with its flat signature: below autograd when no
+// input needs a gradient, else the forward inside the op's graph node.
 template <class G, class R, class ArgList, class FlatList>
 struct AutogradKernel;
 
@@ -208,138 +179,62 @@ struct AutogradKernel<G, R, TypeList<Args...>, TypeList<FlatArgs...>> {
   using Out = Outputs<R>;
   using Result = typename Out::Flat;
   using Signature = Result(FlatArgs...);
-  using Handle = c10::TypedOperatorHandle<Signature>;
-  static constexpr size_t kLeaves = sizeof...(FlatArgs);
-  static constexpr std::array<TensorKind, kLeaves> kKinds = {KindOf<FlatArgs>()...};
-
-  static constexpr bool Dynamic() {
-    for (TensorKind k : kKinds) {
-      if (k != TensorKind::kNone && k != TensorKind::kTensor) return true;
-    }
-    return false;
-  }
-
 
   const AutogradOp* op;
-  Handle handle;
+  c10::TypedOperatorHandle<Signature> handle;
 
   Result operator()(c10::DispatchKeySet ks, FlatArgs... flat) const {
+    const auto below = ks & c10::after_autograd_keyset;
     if (!c10::GradMode::is_enabled() || !(RequiresGrad(flat) || ...)) {
       at::AutoDispatchBelowADInplaceOrView guard;
-      return handle.redispatch(ks & c10::after_autograd_keyset, flat...);
+      return handle.redispatch(below, flat...);
     }
-    auto args = std::forward_as_tuple(flat...);
-    Call<decltype(args)> call(*this, ks, args);
     std::vector<at::Tensor> inputs;
+    inputs.reserve(sizeof...(FlatArgs));
     std::vector<int64_t> counts;
-    Collect(args, inputs, counts, std::index_sequence_for<FlatArgs...>{});
-    return Out::FromList(ApplyAutograd(*op, std::move(inputs), std::move(counts), call));
-  }
-
-  template <class Tuple, size_t... I>
-  void Collect(Tuple& args, std::vector<at::Tensor>& inputs, std::vector<int64_t>& counts,
-               std::index_sequence<I...>) const {
-    inputs.reserve(kLeaves);
-    size_t tensor_leaf = 0;
-    (
-        [&] {
-          if constexpr (kKinds[I] != TensorKind::kNone) {
-            const int64_t n = CollectInputs(std::get<I>(args), inputs);
-            if constexpr (Dynamic()) {
-              counts.push_back(n);
-            } else if (n == 0) {
-              ThrowUndefinedInput(*op, static_cast<size_t>(op->tensor_leaf_param[tensor_leaf]));
-            }
-            ++tensor_leaf;
-          }
-        }(),
-        ...);
-  }
-
-  template <class Tuple>
-  class Call final : public AutogradCall {
-   public:
-    Call(const AutogradKernel& kernel, c10::DispatchKeySet ks, Tuple& args)
-        : kernel_(kernel), ks_(ks), args_(args) {}
-
-    std::vector<at::Tensor> Forward(AutogradContext& ctx) override {
+    if (op->dynamic) counts.assign(sizeof...(FlatArgs), 0);
+    size_t i = 0;
+    (Collect(flat, i++, inputs, counts), ...);
+    auto args = std::forward_as_tuple(flat...);
+    auto forward = [&](AutogradContext& ctx) {
       Result out = [&] {
         at::AutoDispatchBelowADInplaceOrView guard;
-        return std::apply(
-            [&](auto&... a) { return kernel_.handle.redispatch(ks_ & c10::after_autograd_keyset, a...); },
-            args_);
+        return handle.redispatch(below, flat...);
       }();
-      if constexpr (HasSetupContext<G>::value) {
-        Setup(ctx, out, std::index_sequence_for<Args...>{});
-      }
+      if constexpr (HasSetupContext<G>::value) Setup(ctx, args, out, std::index_sequence_for<Args...>{});
       return Out::ToList(std::move(out));
-    }
+    };
+    return Out::FromList(ApplyAutograd(*op, inputs, counts, forward));
+  }
 
-   private:
-    template <size_t... K>
-    void Setup(AutogradContext& ctx, const Result& out, std::index_sequence<K...>) {
-      TupleReader<Tuple> r{args_};
-      G::setup_context(&ctx, Param<Args, kParamOffset<K, Args...>>(r)..., Out::Original(out));
+  template <class F>
+  void Collect(const F& v, size_t i, std::vector<at::Tensor>& inputs, std::vector<int64_t>& counts) const {
+    if constexpr (TensorsIn<F>() != kNoTensor) {
+      const size_t before = inputs.size();
+      ForEachTensorOf(v, [&](const at::Tensor& t) {
+        if (t.defined()) inputs.push_back(t);
+      });
+      if (!counts.empty()) {
+        counts[i] = static_cast<int64_t>(inputs.size() - before);
+      } else if (inputs.size() == before) {
+        ThrowUndefinedInput(*op, i);
+      }
     }
-
-    const AutogradKernel& kernel_;
-    c10::DispatchKeySet ks_;
-    Tuple& args_;
-  };
-
-  // Flat output gradients -> G::backward -> one gradient per autograd input.
-  static std::vector<at::Tensor> Backward(AutogradContext& ctx, const AutogradOp& op,
-                                          std::vector<at::Tensor>&& grads, const int64_t* counts) {
-    auto result = Out::template Backward<G>(&ctx, grads);
-    std::array<LeafGrad, kLeaves> leaves;
-    if constexpr (IsTuple<decltype(result)>::value) {
-      static_assert(std::tuple_size_v<decltype(result)> == sizeof...(Args),
-                    "opforge: backward must return one gradient per parameter of the op, in order; "
-                    "use opforge::NoGrad{} for parameters without one (see opforge::GradsFor).");
-      Scatter(op, leaves, std::move(result), std::index_sequence_for<Args...>{});
-    } else {
-      static_assert(sizeof...(Args) == 1,
-                    "opforge: backward must return a std::tuple with one gradient per parameter of "
-                    "the op (see opforge::GradsFor).");
-      Scatter(op, leaves, std::make_tuple(std::move(result)), std::index_sequence_for<Args...>{});
-    }
-    return Positions(op, leaves, counts, std::make_index_sequence<kLeaves>{});
   }
 
   template <class Tuple, size_t... K>
-  static void Scatter(const AutogradOp& op, std::array<LeafGrad, kLeaves>& leaves, Tuple&& result,
-                      std::index_sequence<K...>) {
-    (PutGrad<std::decay_t<Args>>(op, K, leaves.data() + kParamOffset<K, Args...>,
-                                 std::get<K>(std::forward<Tuple>(result))),
-     ...);
+  static void Setup(AutogradContext& ctx, Tuple& args, const Result& out, std::index_sequence<K...>) {
+    Reader<UnboxedSlots, Tuple> r{args};
+    G::setup_context(&ctx, Param<Args, kParamOffset<K, Args...>>(r)..., Out::Original(out));
   }
 
-  template <size_t... I>
-  static std::vector<at::Tensor> Positions(const AutogradOp& op, std::array<LeafGrad, kLeaves>& leaves,
-                                           const int64_t* counts, std::index_sequence<I...>) {
+  // Flat output gradients -> G::backward -> one gradient per autograd input.
+  static std::vector<at::Tensor> Backward(AutogradContext& ctx, const AutogradOp& op, std::vector<at::Tensor>&& grads,
+                                          const int64_t* counts) {
+    auto leaves = LeafGrads<G, R, Args...>(&ctx, op, grads);
     std::vector<at::Tensor> out;
-    out.reserve(kLeaves);
-    size_t tensor_leaf = 0;
-    (
-        [&] {
-          if constexpr (kKinds[I] != TensorKind::kNone) {
-            const int64_t n = counts ? counts[tensor_leaf] : 1;
-            if constexpr (kKinds[I] == TensorKind::kTensor || kKinds[I] == TensorKind::kOptional) {
-              if (n == 1) out.push_back(std::move(leaves[I].one));
-            } else {
-              auto& many = leaves[I].many;
-              if (!many.empty() && many.size() != static_cast<size_t>(n)) {
-                ThrowListGradSize(op, static_cast<size_t>(op.tensor_leaf_param[tensor_leaf]),
-                                  static_cast<size_t>(n), many.size());
-              }
-              for (int64_t j = 0; j < n; ++j) {
-                out.push_back(many.empty() ? at::Tensor() : std::move(many[static_cast<size_t>(j)]));
-              }
-            }
-            ++tensor_leaf;
-          }
-        }(),
-        ...);
+    EmitGrads<Args...>(op, leaves, [&](size_t i) { return op.Tensors(counts, i); },
+                       [&](size_t, size_t, at::Tensor&& g) { out.push_back(std::move(g)); });
     return out;
   }
 };
@@ -347,34 +242,16 @@ struct AutogradKernel<G, R, TypeList<Args...>, TypeList<FlatArgs...>> {
 template <class G, class R, class... Args>
 struct AutogradRegistrar<G, R(Args...)> {
   static_assert(CheckAutogradClass<G, R>::kOk);
-
-  using Flat = typename Concat<typename ParamFlat<Args>::type...>::type;
-  using Kernel = AutogradKernel<G, R, TypeList<Args...>, Flat>;
-
-  template <size_t... K>
-  static void TensorLeafParams(std::vector<int>& out, std::index_sequence<K...>) {
-    size_t flat = 0;
-    (
-        [&] {
-          for (size_t i = 0; i < ParamNode<Args>::kCount; ++i, ++flat) {
-            if (Kernel::kKinds[flat] != TensorKind::kNone) out.push_back(static_cast<int>(K));
-          }
-        }(),
-        ...);
-  }
+  using Kernel = AutogradKernel<G, R, TypeList<Args...>, typename Concat<typename ParamFlat<Args>::type...>::type>;
 
   static void Register(torch::Library& lib, const std::string& qualified) {
     auto* op = new AutogradOp();  // never freed: see AutogradOp
     PrepareAutogradOp(qualified, sizeof...(Args), *op);
-    TensorLeafParams(op->tensor_leaf_param, std::index_sequence_for<Args...>{});
-    op->dynamic = Kernel::Dynamic();
     op->backward = &Kernel::Backward;
     auto handle = c10::Dispatcher::singleton()
                       .findSchemaOrThrow(qualified.c_str(), "")
                       .template typed<typename Kernel::Signature>();
-    for (c10::DispatchKey key : AutogradRuntimeKeys()) {
-      lib.impl(qualified.c_str(), torch::dispatch(key, Kernel{op, handle}));
-    }
+    for (c10::DispatchKey key : AutogradRuntimeKeys()) lib.impl(qualified.c_str(), torch::dispatch(key, Kernel{op, handle}));
   }
 };
 

@@ -18,82 +18,58 @@
 #include <ATen/core/ivalue.h>
 
 #include <optional>
-#include <string>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "opforge/detail/nodes.h"
+#include "opforge/detail/reader.h"
 #include "opforge/handle.h"
 
 namespace opforge {
 namespace detail {
 
-template <class S, size_t... J>
-void PushFields(std::vector<c10::IValue>& stack, const S& s, std::index_sequence<J...>);
-
-template <class T>
-void Push(std::vector<c10::IValue>& stack, const T& v) {
-  if constexpr (kIsStruct<T>) {
-    PushFields(stack, v, std::make_index_sequence<kNumFields<T>>{});
-  } else if constexpr (IsOptionalStruct<T>::value) {
-    using S = typename T::value_type;
-    stack.emplace_back(v.has_value());
-    if (v) {
-      PushFields(stack, *v, std::make_index_sequence<kNumFields<S>>{});
+// Slots of a boxed call: the dispatcher's IValue stack. A read takes the
+// value off a stack it may change, and copies it from a const one.
+struct IValueSlots {
+  template <class W, size_t I, class Stack>
+  static W Get(Stack& stack) {
+    if constexpr (std::is_const_v<std::remove_reference_t<decltype(stack[I])>>) {
+      return Take<W>(c10::IValue(stack[I]));
     } else {
-      for (size_t i = 0; i < StructNode<S>::kCount; ++i) stack.emplace_back();
+      return Take<W>(std::move(stack[I]));
     }
-  } else if constexpr (IsOptional<T>::value) {
-    if (v) {
-      Push(stack, *v);
+  }
+  template <class W>
+  static W Take(c10::IValue&& v) {
+    if constexpr (IsOptional<W>::value) {
+      if (v.isNone()) return std::nullopt;
+      return Take<typename W::value_type>(std::move(v));
+    } else if constexpr (std::is_same_v<W, at::Tensor>) {
+      return std::move(v).toTensor();
+    } else if constexpr (std::is_same_v<W, std::vector<at::Tensor>>) {
+      return std::move(v).toTensorVector();
+    } else if constexpr (std::is_same_v<W, HandleId>) {
+      return HandleId{v.toInt(), false};
     } else {
-      stack.emplace_back();
+      return v.to<W>();
     }
-  } else if constexpr (kIsEnum<T> || std::is_same_v<T, int32_t>) {
-    stack.emplace_back(static_cast<int64_t>(v));
-  } else if constexpr (std::is_same_v<T, float>) {
-    stack.emplace_back(static_cast<double>(v));
-  } else if constexpr (IsHandle<T>::value) {
-    stack.emplace_back(v.id());
-  } else {
-    stack.emplace_back(v);
   }
-}
-
-template <class S, size_t... J>
-void PushFields(std::vector<c10::IValue>& stack, const S& s, std::index_sequence<J...>) {
-  (Push(stack, FieldOf<J>(s)), ...);
-}
-
-template <class T>
-T Pop(c10::IValue&& v) {
-  if constexpr (std::is_same_v<T, at::Tensor>) {
-    return std::move(v).toTensor();
-  } else if constexpr (std::is_same_v<T, std::vector<at::Tensor>>) {
-    return std::move(v).toTensorVector();
-  } else {
-    return v.to<T>();
+  template <class W>
+  static void Put(std::vector<c10::IValue>& stack, size_t i, const W& v) {
+    if constexpr (IsOptional<W>::value) {
+      if (v.has_value()) {
+        Put(stack, i, *v);
+      } else {
+        stack[i] = c10::IValue();
+      }
+    } else if constexpr (std::is_same_v<W, HandleId>) {
+      stack[i] = v.id;
+    } else {
+      stack[i] = c10::IValue(v);
+    }
   }
-}
-
-template <class R, size_t... I>
-R PopTuple(std::vector<c10::IValue>& stack, std::index_sequence<I...>) {
-  return R(Pop<std::tuple_element_t<I, R>>(std::move(stack[I]))...);
-}
-
-template <class R>
-struct IsStdTuple : std::false_type {};
-template <class... T>
-struct IsStdTuple<std::tuple<T...>> : std::true_type {};
-
-template <class S, size_t... J>
-S PopStruct(std::vector<c10::IValue>& stack, std::index_sequence<J...>) {
-  S s{};
-  ((FieldOf<J>(s) = Pop<FieldType<S, J>>(std::move(stack[J]))), ...);
-  return s;
-}
+  static void PutNone(std::vector<c10::IValue>& stack, size_t i) { stack[i] = c10::IValue(); }
+};
 
 }  // namespace detail
 
@@ -104,22 +80,13 @@ class OpRef {
 
   template <class R = void, class... Args>
   R call(const Args&... args) const {
-    std::vector<c10::IValue> stack;
-    stack.reserve(detail::kLeafCount<Args...>);
-    (detail::Push(stack, args), ...);
+    std::vector<c10::IValue> stack(detail::kLeafCount<Args...>);
+    detail::PutArgs<detail::IValueSlots>(stack, args...);
     TORCH_CHECK(stack.size() == op_.schema().arguments().size(), op_.schema().name(), ": opforge::Call got ",
                 stack.size(), " flat arguments but the op takes ", op_.schema().arguments().size(),
                 "; pass the op's parameters as its kernel takes them (structs whole).");
     op_.callBoxed(&stack);
-    if constexpr (std::is_void_v<R>) {
-      return;
-    } else if constexpr (detail::IsStdTuple<R>::value) {
-      return detail::PopTuple<R>(stack, std::make_index_sequence<std::tuple_size_v<R>>{});
-    } else if constexpr (kIsStruct<R>) {
-      return detail::PopStruct<R>(stack, std::make_index_sequence<detail::kNumFields<R>>{});
-    } else {
-      return detail::Pop<R>(std::move(stack.at(0)));
-    }
+    return detail::ReadResults<R, detail::IValueSlots>(stack);
   }
 
   const c10::OperatorHandle& handle() const { return op_; }

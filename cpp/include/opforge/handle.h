@@ -121,9 +121,13 @@ class Handle {
 };
 
 namespace detail {
+// A handle travels as its int; while torch.compile traces it is symbolic.
 template <class T>
-std::string LeafSchema<Handle<T>>::Schema() {
-  return "Handle(" + HandleTypeName<T>() + ")";
-}
+struct LeafTraits<Handle<T>> {
+  using Wide = HandleId;
+  static std::string Schema() { return "Handle(" + HandleTypeName<T>() + ")"; }
+  static Handle<T> FromWide(const HandleId& h) { return h.symbolic ? Handle<T>::Symbolic() : Handle<T>(h.id); }
+  static HandleId ToWide(const Handle<T>& h) { return HandleId{h.id(), false}; }
+};
 }  // namespace detail
 }  // namespace opforge

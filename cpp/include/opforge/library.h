@@ -37,166 +37,110 @@
 #include <utility>
 #include <vector>
 
+namespace opforge {
+// The tensor and device types of this ABI mode: code written against
+// opforge::Tensor builds in both modes.
+using Tensor = at::Tensor;
+using Device = c10::Device;
+}  // namespace opforge
+
 #include "opforge/detail/library_api.h"
+#include "opforge/detail/macros.h"
 #include "opforge/detail/nodes.h"
 #include "opforge/detail/plan.h"
+#include "opforge/detail/reader.h"
 #include "opforge/handle.h"
 #include "opforge/reflect.h"
 
 namespace opforge {
-
-// The tensor type of this ABI mode: code written against opforge::Tensor
-// builds in both modes.
-using Tensor = at::Tensor;
-
 namespace detail {
 
 // ---------------------------------------------------------------------------
-// Leaf types of this ABI and how a flat argument becomes a field or parameter.
-//   Flat:    the C++ type of the flat kernel parameter
-//   OptFlat: the same inside an Optional[Struct] (made optional)
+// Slots: an unboxed kernel receives each leaf's wide value in TORCH_LIBRARY's
+// argument type (IntArrayRef for int[], string_view for str, ...).
 
-inline constexpr char kTensorSchema[] = "Tensor";
-inline constexpr char kTensorListSchema[] = "Tensor[]";
-inline constexpr char kScalarTypeSchema[] = "ScalarType";
-inline constexpr char kDeviceSchema[] = "Device";
-inline constexpr char kLayoutSchema[] = "Layout";
-inline constexpr char kMemoryFormatSchema[] = "MemoryFormat";
-template <>
-struct LeafSchema<at::Tensor> : NamedLeaf<kTensorSchema> {};
-template <>
-struct LeafSchema<std::vector<at::Tensor>> : NamedLeaf<kTensorListSchema> {};
-template <>
-struct LeafSchema<c10::ScalarType> : NamedLeaf<kScalarTypeSchema> {};
-template <>
-struct LeafSchema<c10::Device> : NamedLeaf<kDeviceSchema> {};
-template <>
-struct LeafSchema<c10::Layout> : NamedLeaf<kLayoutSchema> {};
-template <>
-struct LeafSchema<c10::MemoryFormat> : NamedLeaf<kMemoryFormatSchema> {};
-
-// A present Optional[Struct] must have its required fields.
-template <class Opt>
-const Opt& Present(const Opt& v) {
-  TORCH_CHECK(v.has_value(),
-              "opforge: an optional struct argument is set (its __is_set leaf is True) but one of "
-              "its required fields is None; pass every field, or set __is_set to False.");
-  return v;
-}
-
-template <class T, class = void>
-struct Unboxed {
-  static_assert(kAlwaysFalse<T>, OPFORGE_UNSUPPORTED_TYPE_);
-};
-
-// A leaf whose flat type is its own type.
-template <class T>
-struct SameUnboxed {
-  using Flat = T;
-  using OptFlat = std::optional<T>;
-  static T Build(T v) { return v; }
-  static T FromOpt(const std::optional<T>& v) { return *Present(v); }
+template <class W>
+struct UnboxedArg {
+  using type = W;
 };
 template <>
-struct Unboxed<int64_t> : SameUnboxed<int64_t> {};
-template <>
-struct Unboxed<double> : SameUnboxed<double> {};
-template <>
-struct Unboxed<bool> : SameUnboxed<bool> {};
-template <>
-struct Unboxed<c10::ScalarType> : SameUnboxed<c10::ScalarType> {};
-template <>
-struct Unboxed<c10::Device> : SameUnboxed<c10::Device> {};
-template <>
-struct Unboxed<c10::Layout> : SameUnboxed<c10::Layout> {};
-template <>
-struct Unboxed<c10::MemoryFormat> : SameUnboxed<c10::MemoryFormat> {};
-
-// Narrower scalars travel as the schema's 64-bit types.
-template <class T, class Wide>
-struct NarrowUnboxed {
-  using Flat = Wide;
-  using OptFlat = std::optional<Wide>;
-  static T Build(Wide v) { return static_cast<T>(v); }
-  static T FromOpt(const std::optional<Wide>& v) { return static_cast<T>(*Present(v)); }
+struct UnboxedArg<at::Tensor> {
+  using type = const at::Tensor&;
 };
 template <>
-struct Unboxed<int32_t> : NarrowUnboxed<int32_t, int64_t> {};
-template <>
-struct Unboxed<float> : NarrowUnboxed<float, double> {};
-template <class E>
-struct Unboxed<E, std::enable_if_t<kIsEnum<E>>> : NarrowUnboxed<E, int64_t> {};
-
-template <>
-struct Unboxed<at::Tensor> {
-  using Flat = const at::Tensor&;
-  using OptFlat = const std::optional<at::Tensor>&;
-  static const at::Tensor& Build(const at::Tensor& v) { return v; }
-  static const at::Tensor& FromOpt(const std::optional<at::Tensor>& v) { return *Present(v); }
+struct UnboxedArg<std::vector<at::Tensor>> {
+  using type = at::TensorList;
 };
 template <>
-struct Unboxed<std::optional<at::Tensor>> {
-  using Flat = const std::optional<at::Tensor>&;
-  using OptFlat = const std::optional<at::Tensor>&;
-  static const std::optional<at::Tensor>& Build(const std::optional<at::Tensor>& v) { return v; }
-  static const std::optional<at::Tensor>& FromOpt(const std::optional<at::Tensor>& v) { return v; }
+struct UnboxedArg<std::string> {
+  using type = c10::string_view;
 };
 template <>
-struct Unboxed<std::vector<at::Tensor>> {
-  using Flat = at::TensorList;
-  using OptFlat = const std::optional<at::TensorList>&;
-  static std::vector<at::Tensor> Build(at::TensorList v) { return v.vec(); }
-  static std::vector<at::Tensor> FromOpt(const std::optional<at::TensorList>& v) { return Present(v)->vec(); }
+struct UnboxedArg<std::vector<int64_t>> {
+  using type = c10::IntArrayRef;
 };
 template <>
-struct Unboxed<std::string> {
-  using Flat = c10::string_view;
-  using OptFlat = std::optional<c10::string_view>;
-  static std::string Build(c10::string_view v) { return std::string(v); }
-  static std::string FromOpt(const std::optional<c10::string_view>& v) { return std::string(*Present(v)); }
+struct UnboxedArg<std::vector<double>> {
+  using type = c10::ArrayRef<double>;
 };
 template <>
-struct Unboxed<std::vector<int64_t>> {
-  using Flat = c10::IntArrayRef;
-  using OptFlat = at::OptionalIntArrayRef;
-  static std::vector<int64_t> Build(c10::IntArrayRef v) { return v.vec(); }
-  static std::vector<int64_t> FromOpt(at::OptionalIntArrayRef v) { return Present(v)->vec(); }
-};
-template <>
-struct Unboxed<std::vector<double>> {
-  using Flat = c10::ArrayRef<double>;
-  using OptFlat = std::optional<c10::ArrayRef<double>>;
-  static std::vector<double> Build(c10::ArrayRef<double> v) { return v.vec(); }
-  static std::vector<double> FromOpt(const std::optional<c10::ArrayRef<double>>& v) { return Present(v)->vec(); }
+struct UnboxedArg<std::vector<bool>> {
+  using type = const c10::List<bool>&;
 };
 // Handle leaves are SymInt: a graph input under torch.compile (docs/handles.md).
-template <class T>
-struct Unboxed<Handle<T>> {
-  using Flat = c10::SymInt;
-  using OptFlat = std::optional<c10::SymInt>;
-  static Handle<T> Build(const c10::SymInt& v) {
-    if (auto concrete = v.maybe_as_int()) return Handle<T>(*concrete);
-    return Handle<T>::Symbolic();
-  }
-  static Handle<T> FromOpt(const std::optional<c10::SymInt>& v) { return Build(*Present(v)); }
+template <>
+struct UnboxedArg<HandleId> {
+  using type = c10::SymInt;
 };
-// std::optional<leaf>: already optional, so unchanged inside Optional[Struct].
-template <class T>
-struct Unboxed<std::optional<T>, std::enable_if_t<!kIsStruct<T> && !std::is_same_v<T, at::Tensor>>> {
-  using Inner = Unboxed<T>;
-  using Flat = typename Inner::OptFlat;
-  using OptFlat = typename Inner::OptFlat;
-  static std::optional<T> Build(Flat v) {
-    if (!v.has_value()) return std::nullopt;
-    return Inner::FromOpt(v);
+template <class W>
+struct UnboxedArg<std::optional<W>> {
+  using type = std::optional<std::decay_t<typename UnboxedArg<W>::type>>;
+};
+template <>
+struct UnboxedArg<std::optional<at::Tensor>> {
+  using type = const std::optional<at::Tensor>&;
+};
+template <>
+struct UnboxedArg<std::optional<std::vector<at::Tensor>>> {
+  using type = const std::optional<at::TensorList>&;
+};
+template <>
+struct UnboxedArg<std::optional<std::vector<int64_t>>> {
+  using type = at::OptionalIntArrayRef;
+};
+
+// An unboxed argument as wide type W; a tensor passes through uncopied.
+template <class W, class A>
+decltype(auto) FromUnboxed(A& a) {
+  if constexpr (std::is_same_v<std::remove_const_t<A>, W>) {
+    return (a);
+  } else if constexpr (IsOptional<W>::value) {
+    if (!a.has_value()) return W();
+    return W(FromUnboxed<typename W::value_type>(*a));
+  } else if constexpr (std::is_same_v<W, HandleId>) {
+    if (auto concrete = a.maybe_as_int()) return HandleId{*concrete, false};
+    return HandleId{0, true};
+  } else if constexpr (std::is_same_v<W, std::string>) {
+    return std::string(a);
+  } else {
+    return W(a.begin(), a.end());  // a list
   }
-  static std::optional<T> FromOpt(Flat v) { return Build(v); }
+}
+
+struct UnboxedSlots {
+  template <class W, size_t I, class Tuple>
+  static decltype(auto) Get(Tuple& args) {
+    return FromUnboxed<W>(std::get<I>(args));
+  }
 };
 
 // The flat parameter types of a node: FlatOf<Lin>::type == TypeList<const Tensor&, ...>.
+// Inside an Optional[Struct] every leaf is optional.
 template <class T, bool InOptional = false, class = void>
 struct FlatOf {
-  using type = TypeList<std::conditional_t<InOptional, typename Unboxed<T>::OptFlat, typename Unboxed<T>::Flat>>;
+  using W = LeafWide<T>;
+  using type =
+      TypeList<typename UnboxedArg<std::conditional_t<InOptional && !IsOptional<W>::value, std::optional<W>, W>>::type>;
 };
 template <class S, bool InOptional>
 struct FlatOf<S, InOptional, std::enable_if_t<kIsStruct<S>>> {
@@ -220,29 +164,11 @@ struct ParamFlat<at::Tensor&> {
   using type = TypeList<at::Tensor&>;
 };
 
-// Reads leaves from the flat arguments of one call.
-template <class Tuple>
-struct TupleReader {
-  Tuple& t;
-  template <class T, size_t I>
-  decltype(auto) Leaf() {
-    return Unboxed<T>::Build(std::get<I>(t));
-  }
-  template <class T, size_t I>
-  decltype(auto) LeafInOptional() {
-    return Unboxed<T>::FromOpt(std::get<I>(t));
-  }
-  template <size_t I>
-  bool Presence() {
-    return std::get<I>(t);
-  }
-};
-
 // Parameter K of a kernel, from the flat arguments.
-template <class Arg, size_t Offset, class Reader>
-decltype(auto) Param(Reader& r) {
+template <class Arg, size_t Offset, class Rd>
+decltype(auto) Param(Rd& r) {
   if constexpr (std::is_same_v<Arg, at::Tensor&>) {
-    return std::get<Offset>(r.t);
+    return std::get<Offset>(r.src);
   } else {
     return ParamNode<Arg>::template Build<Offset>(r);
   }
@@ -259,14 +185,14 @@ struct StructKernel<R, TypeList<Args...>, TypeList<FlatArgs...>> {
   using FnPtr = R (*)(Args...);
   using Result = typename Ret<R>::Flat;
 
-  template <class Reader, size_t... K>
-  static decltype(auto) Call(FnPtr fn, Reader& r, std::index_sequence<K...>) {
+  template <class Rd, size_t... K>
+  static decltype(auto) Call(FnPtr fn, Rd& r, std::index_sequence<K...>) {
     return fn(Param<Args, kParamOffset<K, Args...>>(r)...);
   }
 
   Result operator()(FlatArgs... flat) const {
     auto t = std::forward_as_tuple(flat...);
-    TupleReader<decltype(t)> r{t};
+    Reader<UnboxedSlots, decltype(t)> r{t};
     if constexpr (std::is_void_v<R>) {
       Call(fn, r, std::index_sequence_for<Args...>{});
     } else if constexpr (kIsStruct<R>) {
@@ -328,11 +254,6 @@ using AutogradRegistrarFn = void (*)(torch::Library& lib, const std::string& qua
 template <class G, class Sig>
 struct AutogradRegistrar;
 
-template <class T, class = void>
-struct IsComplete : std::false_type {};
-template <class T>
-struct IsComplete<T, std::void_t<decltype(sizeof(T))>> : std::true_type {};
-
 struct UnstableMode {
   using Kernel = torch::CppFunction*;
   template <class R, class... Args>
@@ -386,21 +307,7 @@ using LibraryBlock = detail::LibraryInit;
 
 #include "opforge/call.h"
 
-#define OPFORGE_UID_(prefix, line) OPFORGE_PP_CAT(prefix, line)
-
-// OPFORGE_LIBRARY(ns, m) { m.def(...); } -- like TORCH_LIBRARY (a fragment,
-// so Python and C++ ops can share a namespace).
-#define OPFORGE_LIBRARY(ns, m)                                                          \
-  static void OPFORGE_PP_CAT(opforge_library_init_, ns)(::opforge::Library&);          \
-  static const ::opforge::detail::LibraryInit OPFORGE_UID_(opforge_library_, __LINE__)( \
-      torch::Library::FRAGMENT, #ns, std::nullopt,                                     \
-      &OPFORGE_PP_CAT(opforge_library_init_, ns), __FILE__, __LINE__);                  \
-  void OPFORGE_PP_CAT(opforge_library_init_, ns)(::opforge::Library & m)
-
-// OPFORGE_LIBRARY_IMPL(ns, CUDA, m) { m.impl("op", &op_cuda); }
-#define OPFORGE_LIBRARY_IMPL(ns, key, m)                                                  \
-  static void OPFORGE_PP_CAT(OPFORGE_PP_CAT(opforge_library_impl_, ns), key)(::opforge::Library&); \
-  static const ::opforge::detail::LibraryInit OPFORGE_UID_(opforge_library_impl_, __LINE__)(    \
-      torch::Library::IMPL, #ns, c10::DispatchKey::key,                                  \
-      &OPFORGE_PP_CAT(OPFORGE_PP_CAT(opforge_library_impl_, ns), key), __FILE__, __LINE__); \
-  void OPFORGE_PP_CAT(OPFORGE_PP_CAT(opforge_library_impl_, ns), key)(::opforge::Library & m)
+// OPFORGE_LIBRARY's blocks in this mode (opforge/detail/macros.h): a
+// fragment, and an IMPL library whose key is checked when compiled.
+#define OPFORGE_DETAIL_LIBRARY_ARGS_(ns) torch::Library::FRAGMENT, #ns, std::nullopt
+#define OPFORGE_DETAIL_IMPL_ARGS_(ns, key) torch::Library::IMPL, #ns, c10::DispatchKey::key

@@ -169,6 +169,7 @@ class Commit {
                         (known.empty() ? std::string("nothing") : known) + ").");
       }
       const std::string name = lowered.flat.name;
+      if (lib_.ops[i].autograd || lib_.ops[i].torch_layer_autograd) CheckNoMutation(lowered);
       if (OpSpecRegistry::Global().Find(name)) {
         throw Error(ErrorKind::kValueError, name, "", "is already defined by another library block.",
                     "Define each op once; add kernels with m.impl(...).");
@@ -205,6 +206,18 @@ class Commit {
       if (lib_.ops[i].autograd) {
         CheckBackend(b.autograd(b.ctx, lowered_[i].flat.name.c_str(), lib_.ops[i].autograd),
                      lowered_[i].flat.name, "");
+      }
+    }
+  }
+
+  // A C++ backward is for functional ops: autograd cannot see what a kernel
+  // writes into its arguments.
+  static void CheckNoMutation(const LoweredOp& lowered) {
+    for (const auto& leaf : lowered.leaves) {
+      if (leaf.mutated) {
+        throw Error(ErrorKind::kValueError, lowered.flat.name, "autograd",
+                    "the op mutates '" + leaf.path + "'; a C++ backward is only supported for ops that mutate nothing.",
+                    "Return a new tensor instead of writing into an argument.");
       }
     }
   }

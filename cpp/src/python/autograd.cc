@@ -31,7 +31,7 @@
 
 #include "boundary.h"
 #include "torch/autograd_kernels.h"
-#include "opforge/backward.h"
+#include "torch/cpp_autograd.h"
 
 namespace py = pybind11;
 

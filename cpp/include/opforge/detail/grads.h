@@ -318,6 +318,57 @@ void PutGrad(const OpNames& op, size_t param, LeafGrad* leaves, V&& value) {
   }
 }
 
+// The kernel parameter a flat leaf belongs to: LeafParam<const Tensor&, const Cfg&>(2) == 1.
+template <class... Args>
+size_t LeafParam(size_t leaf) {
+  constexpr size_t counts[] = {ParamNode<Args>::kCount..., 0};
+  size_t param = 0;
+  for (size_t end = counts[0]; leaf >= end && param + 1 < sizeof...(Args); end += counts[++param]) {
+  }
+  return param;
+}
+
+template <class... Args, class Tuple, size_t... K>
+void ScatterGrads(const OpNames& op, LeafGrad* leaves, Tuple&& result, std::index_sequence<K...>) {
+  (PutGrad<std::decay_t<Args>>(op, K, leaves + kParamOffset<K, Args...>, std::get<K>(std::forward<Tuple>(result))),
+   ...);
+}
+
+// G::backward on the outputs' gradients, as one gradient per flat leaf of
+// the kernel `R(Args...)`.
+template <class G, class R, class... Args, class Ctx>
+std::array<LeafGrad, kLeafCount<Args...>> LeafGrads(Ctx* ctx, const OpNames& op, std::vector<Tensor>& grads) {
+  auto result = Outputs<R>::template Backward<G>(ctx, grads);
+  std::array<LeafGrad, kLeafCount<Args...>> leaves;
+  if constexpr (IsStdTupleOf<decltype(result)>::value) {
+    static_assert(std::tuple_size_v<decltype(result)> == sizeof...(Args),
+                  "opforge: backward must return one gradient per parameter of the op, in order; use "
+                  "opforge::NoGrad{} for parameters without one (see opforge::GradsFor).");
+    ScatterGrads<Args...>(op, leaves.data(), std::move(result), std::index_sequence_for<Args...>{});
+  } else {
+    static_assert(sizeof...(Args) == 1,
+                  "opforge: backward must return a std::tuple with one gradient per parameter of the op "
+                  "(see opforge::GradsFor).");
+    ScatterGrads<Args...>(op, leaves.data(), std::make_tuple(std::move(result)), std::index_sequence_for<Args...>{});
+  }
+  return leaves;
+}
+
+// The leaves' gradients as autograd takes them: `count(i)` tensors for leaf
+// i (1 for a Tensor, a list's length, 0 for None or a scalar), each handed
+// to `emit(i, j, grad)`, undefined where backward gave none.
+template <class... Args, size_t N, class Count, class Emit>
+void EmitGrads(const OpNames& op, std::array<LeafGrad, N>& leaves, Count&& count, Emit&& emit) {
+  for (size_t i = 0; i < N; ++i) {
+    const size_t n = count(i);
+    auto& many = leaves[i].many;
+    if (!many.empty() && many.size() != n) ThrowListGradSize(op, LeafParam<Args...>(i), n, many.size());
+    for (size_t j = 0; j < n; ++j) {
+      emit(i, j, many.empty() ? (j == 0 ? std::move(leaves[i].one) : Tensor()) : std::move(many[j]));
+    }
+  }
+}
+
 // What a C++ backward class must have, checked where an op declares it:
 // `static ... backward(opforge::AutogradContext* ctx, <one gradient per
 // output>)`, and `setup_context` if it saves anything.

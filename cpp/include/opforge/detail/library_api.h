@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "opforge/detail/nodes.h"
@@ -30,6 +31,13 @@ const char* DeviceKeyName(DeviceType device) {
 
 template <class Mode, class Backend>
 class LibraryApi;
+
+// Whether T is defined here: a mode's backward header declares its autograd
+// glue, and `.autograd<G>()` without that header is a compile error naming it.
+template <class T, class = void>
+struct IsComplete : std::false_type {};
+template <class T>
+struct IsComplete<T, std::void_t<decltype(sizeof(T))>> : std::true_type {};
 
 // What `m.def(...)` returns: per-argument tags and a C++ backward.
 template <class Mode, class Backend>

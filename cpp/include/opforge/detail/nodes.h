@@ -1,8 +1,8 @@
 // The parameter tree of a C++ kernel, written once for both torch ABIs: how
 // many flat leaves each parameter has, its schema type text, the struct and
 // enum declarations it needs, and how a struct is rebuilt from its leaves.
-// Torch-free; each ABI's header says what its tensor types are and how one
-// leaf is read (unboxed argument or stable-ABI stack slot).
+// Each leaf is read through a Reader (opforge/detail/reader.h), whose slots
+// each ABI supplies.
 //
 //   struct Lin { at::Tensor w; std::optional<at::Tensor> b; double scale = 1.0; };
 //   Node<Lin>::kCount    == 3
@@ -15,12 +15,15 @@
 #include <cstring>
 #include <new>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "opforge/abi.h"
+#include "opforge/detail/leaves.h"
 #include "opforge/detail/typelist.h"
 #include "opforge/reflect.h"
 
@@ -32,28 +35,14 @@ class Handle;
 namespace detail {
 
 template <class T>
-struct IsOptional : std::false_type {};
-template <class T>
-struct IsOptional<std::optional<T>> : std::true_type {};
-
-template <class T>
 struct IsOptionalStruct : std::false_type {};
 template <class T>
 struct IsOptionalStruct<std::optional<T>> : std::bool_constant<kIsStruct<T>> {};
-
-template <class T>
-struct IsHandle : std::false_type {};
-template <class T>
-struct IsHandle<Handle<T>> : std::true_type {};
 
 // The schema name of a struct or enum as its macro gave it.
 template <class S>
 const char* StructName() {
   return opforge_struct_name(static_cast<S*>(nullptr));
-}
-template <class E>
-const char* EnumName() {
-  return opforge_enum_name(static_cast<E*>(nullptr));
 }
 
 // "liba::NormCfg" -> "liba.NormCfg".
@@ -72,66 +61,13 @@ inline std::string DottedName(const char* cpp_name) {
   return out;
 }
 
-// ---------------------------------------------------------------------------
-// Leaf types and their schema text. Each ABI header adds its tensor types and
-// torch's enums (ScalarType, Device, ...); an unlisted type stops the build
-// here, and the compiler's note names it.
-
-#define OPFORGE_UNSUPPORTED_TYPE_                                                                     \
-  "opforge: this C++ type has no torch schema equivalent (the compiler names it in the 'In "        \
-  "instantiation of' line above). Kernel parameters and struct fields may be: a tensor (const "     \
-  "Tensor&, Tensor&, std::optional<Tensor>, std::vector<Tensor>), int64_t, int32_t, double, float, " \
-  "bool, std::string, c10::ScalarType, c10::Device, c10::Layout, c10::MemoryFormat, "                \
-  "std::vector<int64_t>, std::vector<double>, std::optional of these, an OPFORGE_STRUCT or "          \
-  "OPFORGE_ENUM type, or opforge::Handle<T>."
-
-template <class T, class = void>
-struct LeafSchema {
-  static_assert(kAlwaysFalse<T>, OPFORGE_UNSUPPORTED_TYPE_);
-};
-
-template <const char* kName>
-struct NamedLeaf {
-  static std::string Schema() { return kName; }
-};
-inline constexpr char kIntSchema[] = "int";
-inline constexpr char kFloatSchema[] = "float";
-inline constexpr char kBoolSchema[] = "bool";
-inline constexpr char kStrSchema[] = "str";
-inline constexpr char kIntListSchema[] = "int[]";
-inline constexpr char kFloatListSchema[] = "float[]";
-
-template <>
-struct LeafSchema<int64_t> : NamedLeaf<kIntSchema> {};
-template <>
-struct LeafSchema<int32_t> : NamedLeaf<kIntSchema> {};
-template <>
-struct LeafSchema<double> : NamedLeaf<kFloatSchema> {};
-template <>
-struct LeafSchema<float> : NamedLeaf<kFloatSchema> {};
-template <>
-struct LeafSchema<bool> : NamedLeaf<kBoolSchema> {};
-template <>
-struct LeafSchema<std::string> : NamedLeaf<kStrSchema> {};
-template <>
-struct LeafSchema<std::vector<int64_t>> : NamedLeaf<kIntListSchema> {};
-template <>
-struct LeafSchema<std::vector<double>> : NamedLeaf<kFloatListSchema> {};
-
-template <class E>
-struct LeafSchema<E, std::enable_if_t<kIsEnum<E>>> {
-  static std::string Schema() { return EnumName<E>(); }
-};
-
-template <class T>
-struct LeafSchema<Handle<T>> {
-  static std::string Schema();  // opforge/handle.h
-};
-
-template <class T>
-struct LeafSchema<std::optional<T>, std::enable_if_t<!kIsStruct<T>>> {
-  static std::string Schema() { return LeafSchema<T>::Schema() + "?"; }
-};
+// A present Optional[Struct] must have every required field; the one
+// wording of that error for both ABIs.
+[[noreturn]] inline void ThrowMissingField() {
+  throw std::invalid_argument(
+      "opforge: an optional struct argument is set (its __is_set leaf is True) but one of its required fields "
+      "is None; pass every field, or set __is_set to False.");
+}
 
 // ---------------------------------------------------------------------------
 // Defaults: C++ default member initializers become schema defaults. A
@@ -267,11 +203,16 @@ template <>
 struct DefaultText<std::string> {
   static std::optional<std::string> Of(const std::string& v) { return QuotedText(v); }
 };
+// A list of numbers or bools: the schema has no defaults for other lists.
 template <class T>
-struct DefaultText<std::vector<T>, std::enable_if_t<std::is_same_v<T, int64_t> || std::is_same_v<T, double>>> {
+struct DefaultText<std::vector<T>, std::enable_if_t<std::is_arithmetic_v<T>>> {
   static std::optional<std::string> Of(const std::vector<T>& v) {
     std::string out = "[";
-    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + *DefaultText<T>::Of(v[i]);
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::optional<std::string> item = DefaultText<T>::Of(v[i]);
+      if (!item) return std::nullopt;
+      out += (i ? ", " : "") + *item;
+    }
     return out + "]";
   }
 };
@@ -371,7 +312,7 @@ struct Node;
 template <class T>
 struct LeafNode {
   static constexpr size_t kCount = 1;
-  static std::string Schema() { return LeafSchema<T>::Schema(); }
+  static std::string Schema() { return LeafTraits<T>::Schema(); }
   static void Declare(TypeDecls& decls) {
     if constexpr (kIsEnum<T>) {
       DeclareEnum<T>(decls);

@@ -1,0 +1,148 @@
+// Registering a stable-ABI library's block with torch's stable C shims, for
+// the core (opforge/abi.h): one library object for the defs and one per
+// dispatch key, all deleted (so everything they registered is undone) if the
+// block fails.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include "opforge/detail/library_api.h"
+#include "opforge/detail/plan.h"
+#include "opforge/stable/kernel.h"
+
+namespace opforge::detail {
+
+class StableBackend {
+ public:
+  StableBackend(const char* ns, const char* impl_key, const char* file, uint32_t line)
+      : ns_(ns), impl_key_(impl_key ? impl_key : ""), file_(file), line_(line) {}
+  ~StableBackend() { Reset(); }
+  StableBackend(const StableBackend&) = delete;
+  StableBackend& operator=(const StableBackend&) = delete;
+
+  OpforgeBackendV1 backend() {
+    OpforgeBackendV1 b{};
+    b.ctx = this;
+    b.def = &Def;
+    b.impl = &Impl;
+    b.autograd = &Autograd;
+    b.rollback = &Rollback;
+    b.warn = &Warn;
+    return b;
+  }
+  void Finish(bool ok) {
+    if (!ok) Reset();
+  }
+
+ private:
+  static char* Message(const std::string& text) { return strdup(text.c_str()); }
+  static std::string TorchMessage(AOTITorchError code) {
+#if defined(TORCH_VERSION_2_13_0) && TORCH_FEATURE_VERSION >= TORCH_VERSION_2_13_0
+    (void)code;
+    return torch_exception_get_what_without_backtrace();
+#else
+    return "error " + std::to_string(code) + " (torch printed its message above)";
+#endif
+  }
+
+  static char* Def(void* ctx, const char* schema) {
+    auto* self = static_cast<StableBackend*>(ctx);
+    if (self->frag_ == nullptr) {
+      if (aoti_torch_library_init_fragment(self->ns_.c_str(), self->file_.c_str(), self->line_, &self->frag_) !=
+          AOTI_TORCH_SUCCESS) {
+        return Message("cannot create a library fragment");
+      }
+    }
+    const AOTITorchError code = aoti_torch_library_def(self->frag_, schema);
+    return code == AOTI_TORCH_SUCCESS ? nullptr : Message(TorchMessage(code));
+  }
+
+  static char* Impl(void* ctx, const char* op, const char* key, void* kernel) {
+    auto* self = static_cast<StableBackend*>(ctx);
+    TorchLibraryHandle& lib = self->impls_[key];
+    if (lib == nullptr &&
+        aoti_torch_library_init_impl(self->ns_.c_str(), key, self->file_.c_str(), self->line_, &lib) !=
+            AOTI_TORCH_SUCCESS) {
+      return Message(std::string("cannot create a library for dispatch key ") + key);
+    }
+    const AOTITorchError code =
+        torch_library_impl(lib, op, reinterpret_cast<BoxedKernel>(kernel), TORCH_ABI_VERSION);
+    return code == AOTI_TORCH_SUCCESS ? nullptr : Message(TorchMessage(code));
+  }
+
+  static char* Autograd(void*, const char*, void*) {
+    return Message("a stable-ABI library's backward is wired by opforge's torch layer");
+  }
+
+  static void Rollback(void* ctx) { static_cast<StableBackend*>(ctx)->Reset(); }
+
+  static void Warn(void*, const char* message) { std::fprintf(stderr, "opforge warning: %s\n", message); }
+
+  void Reset() {
+    for (auto& [key, lib] : impls_) {
+      if (lib) aoti_torch_delete_library_object(lib);
+    }
+    impls_.clear();
+    if (frag_) aoti_torch_delete_library_object(frag_);
+    frag_ = nullptr;
+  }
+
+  std::string ns_;
+  std::string impl_key_;
+  std::string file_;
+  uint32_t line_;
+  TorchLibraryHandle frag_ = nullptr;
+  std::map<std::string, TorchLibraryHandle> impls_;
+};
+
+template <class G, class Sig>
+struct StableAutograd;  // opforge/stable/backward.h
+
+struct StableMode {
+  template <class R, class... Args>
+  static void* MakeKernel(StableBackend&, R (*fn)(Args...)) {
+    return reinterpret_cast<void*>(MakeStableKernel(fn));
+  }
+  template <class G, class Sig>
+  static void SetAutograd(LibraryPlan& plan, const std::string& op) {
+    static_assert(IsComplete<StableAutograd<G, Sig>>::value,
+                  "opforge: a C++ backward in a stable-ABI library needs <opforge/opforge.h> (it includes "
+                  "opforge/stable/backward.h).");
+    plan.SetTorchLayerAutograd(op, &StableAutograd<G, Sig>::kDescriptor);
+  }
+  // The key name a stable IMPL library takes for m.impl(op, key, fn).
+  static std::string Key(const std::string& op, c10::DeviceType device) {
+    if (const char* name = DeviceKeyName(device)) return name;
+    throw std::invalid_argument(
+        "m.impl(\"" + op + "\", device type " + std::to_string(static_cast<int>(device)) +
+        "): a stable-ABI library registers kernels by device type for CPU, CUDA, HIP, XPU, MPS, Meta and "
+        "PrivateUse1; for another dispatch key, name it as a string: m.impl(\"" + op + "\", \"<key>\", &fn).");
+  }
+  static std::string Key(const std::string&, const char* key) { return key; }
+};
+
+// Runs an OPFORGE_LIBRARY block at load, then commits it; a failure is a
+// recorded load error (printed, and raised by opforge.load_library), never
+// an abort, and leaves nothing registered.
+class LibraryInit {
+ public:
+  LibraryInit(const char* ns, const char* impl_key, void (*init)(LibraryApi<StableMode, StableBackend>&),
+              const char* file, uint32_t line)
+      : backend_(ns, impl_key, file, line) {
+    LibraryPlan plan(ns, impl_key, file, line, reinterpret_cast<const void*>(init), "stable", TORCH_TARGET_VERSION);
+    error_ = RunBlock(plan, backend_, init, [](const std::exception& e) { return std::string(e.what()); });
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  StableBackend backend_;
+  std::string error_;
+};
+
+}  // namespace opforge::detail
