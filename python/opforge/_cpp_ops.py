@@ -237,7 +237,7 @@ def define(name: str) -> CppOpDef:
     lib = torch.library.Library(ns, "FRAGMENT")
     opdef = _op._new_opdef(name, None, sig, model, boundary, overload, state, lib, None, base=CppOpDef,
                            duck_structs=True)
-    opdef._bind(boundary, None, {}, None, None, type(opdef).__call__, False)
+    opdef._bind(boundary, None, {}, type(opdef).__call__)
     leaf_returns = all(node.is_leaf for node in model.returns)
     opdef._set_dispatcher_op(name, None if leaf_returns else opdef._code.rebuild_output)
     return opdef

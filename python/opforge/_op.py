@@ -419,7 +419,7 @@ def _register_kernels(opdef: OpDef, body: Callable, devices: list[str] | None) -
         for d in devices:
             _set_dispatcher_kernel(opdef, _dispatch_key(opdef.name, d), body)
     opdef._bind(opdef.boundary, body if devices is None else None, {d: body for d in devices or ()},
-                None, None, type(opdef).__call__, False)
+                type(opdef).__call__)
 
 
 def _set_dispatcher_kernel(opdef: OpDef, key: str, fn: Callable) -> None:

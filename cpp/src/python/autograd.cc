@@ -5,8 +5,7 @@
 // Function (saved tensors with version checks, mark_dirty,
 // mark_non_differentiable, set_materialize_grads, needs_input_grad) is done
 // here with the same torch functions, without its Python layers.
-#include "autograd.h"
-#include "torch/nodes.h"
+#include "python/autograd.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -29,9 +28,10 @@
 #include <utility>
 #include <vector>
 
-#include "boundary.h"
+#include "python/boundary.h"
 #include "torch/autograd_kernels.h"
 #include "torch/cpp_autograd.h"
+#include "torch/nodes.h"
 
 namespace py = pybind11;
 
@@ -127,9 +127,6 @@ struct Names {
   PyObject* backward = Name("backward");
   PyObject* setup_context = Name("setup_context");
   PyObject* flatten_grads = Name("flatten_grads");
-  PyObject* flatten_output = Name("flatten_output");
-  PyObject* rebuild_output = Name("rebuild_output");
-  PyObject* rebuild_inputs = Name("rebuild_inputs");
 };
 
 const Names& N() {
@@ -179,7 +176,7 @@ class GradBridge : public std::enable_shared_from_this<GradBridge> {
   const std::vector<ParamKind>& param_kinds() const { return param_kinds_; }
   const std::vector<int>& param_slots() const { return param_slots_; }
   const std::vector<ReturnKind>& returns() const { return returns_; }
-  bool leaf_returns() const { return leaf_returns_; }
+  bool leaf_returns() const { return boundary_->leaf_returns(); }
   bool mutates() const { return !boundary_->mutated_slots().empty(); }
   size_t num_params() const { return param_kinds_.size(); }
   size_t num_original_returns() const { return boundary_->returns().size(); }
@@ -203,7 +200,6 @@ class GradBridge : public std::enable_shared_from_this<GradBridge> {
   std::vector<ParamKind> param_kinds_;
   std::vector<int> param_slots_;  // kTensor: the tensor leaf
   std::vector<ReturnKind> returns_;
-  bool leaf_returns_ = true;
 };
 
 GradBridge::GradBridge(py::handle opdef) {
@@ -241,9 +237,6 @@ GradBridge::GradBridge(py::handle opdef) {
     } else {
       returns_.push_back(ReturnKind::kOther);
     }
-  }
-  for (const Node& node : boundary_->returns()) {
-    if (node.kind == Node::Kind::kStruct) leaf_returns_ = false;
   }
 }
 
@@ -533,8 +526,7 @@ variable_list OpNode::apply(variable_list&& grads) {
       for (size_t i = 0; i < flat.size(); ++i) PyTuple_SET_ITEM(packed, static_cast<Py_ssize_t>(i), Py_NewRef(flat[i]));
     }
     owned.Add(packed);
-    PyObject* rebuild = owned.Add(b.Helper(N().rebuild_output));
-    PyObject* original = PyObject_CallOneArg(rebuild, packed);
+    PyObject* original = b.boundary().RebuildOutput(flat.data());
     if (original == nullptr) ThrowPython();
     owned.Add(original);
     if (b.num_original_returns() == 1) {
@@ -768,25 +760,57 @@ void InitCtxType() {
   if (PyType_Ready(&CtxType) < 0) throw py::error_already_set();
 }
 
-// --- the forward, eager ------------------------------------------------------------
+// --- the forward --------------------------------------------------------------------
 
-// Flat return values of the original output `out`: borrowed from `out`
-// for leaf returns, else from the tuple `hold` receives.
-bool FlatReturns(const GradBridge& b, PyObject* out, c10::SmallVector<PyObject*, 8>& flat, Owned& owned) {
-  const size_t n = b.returns().size();
-  PyObject* source = out;
-  if (!b.leaf_returns()) {
-    PyObject* flatten = owned.Add(b.Helper(N().flatten_output));
-    source = PyObject_CallOneArg(flatten, out);
-    if (source == nullptr) return false;
-    owned.Add(source);
+// A call's flat returns as the node's outputs: per flat return how many
+// entries it gave (a Tensor[] its length, anything else 1), per entry the
+// tensor autograd sees (none for a non-tensor return or a None item) and,
+// for the eager call, its Python object.
+struct FlatOutputs {
+  OptionalVariables raw;
+  c10::SmallVector<PyObject*, 8> objects;
+
+  // From the body's flat return values.
+  FlatOutputs(OpNode& node, const GradBridge& b, PyObject* const* flat) {
+    for (size_t r = 0; r < b.returns().size(); ++r) {
+      const bool list = b.returns()[r] == GradBridge::ReturnKind::kTensorList && flat[r] != Py_None;
+      const Py_ssize_t n = list ? PySequence_Fast_GET_SIZE(flat[r]) : 1;
+      node.AddReturnCount(static_cast<int32_t>(n));
+      for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* item = list ? PySequence_Fast_ITEMS(flat[r])[i] : flat[r];
+        const bool tensor = (list || b.returns()[r] == GradBridge::ReturnKind::kTensor) && THPVariable_Check(item);
+        raw.emplace_back(tensor ? std::optional<Variable>(THPVariable_Unpack(item)) : std::nullopt);
+        objects.push_back(tensor ? item : nullptr);
+      }
+    }
   }
-  if (n == 1) {
-    flat.push_back(source);
-    return true;
+
+  // From the dispatcher's returns.
+  FlatOutputs(OpNode& node, const GradBridge& b, const c10::IValue* returns) {
+    for (size_t r = 0; r < b.returns().size(); ++r) {
+      const c10::IValue& v = returns[r];
+      if (b.returns()[r] == GradBridge::ReturnKind::kTensorList && v.isList()) {
+        node.AddReturnCount(static_cast<int32_t>(v.toListRef().size()));
+        for (const c10::IValue& item : v.toListRef()) raw.emplace_back(Tensor(item));
+      } else {
+        node.AddReturnCount(1);
+        raw.emplace_back(b.returns()[r] == GradBridge::ReturnKind::kTensor ? Tensor(v) : std::nullopt);
+      }
+    }
   }
-  for (size_t i = 0; i < n; ++i) flat.push_back(PyTuple_GET_ITEM(source, static_cast<Py_ssize_t>(i)));
-  return true;
+
+  static std::optional<Variable> Tensor(const c10::IValue& v) {
+    return v.isTensor() ? std::optional<Variable>(v.toTensor()) : std::nullopt;
+  }
+};
+
+// The inputs of one call: the defined tensors of every tensor leaf, which
+// `leaf(s, add)` hands over one by one.
+template <class LeafValue>
+variable_list StartNode(OpNode& node, LeafValue leaf) {
+  variable_list inputs = node.CollectInputs(leaf);
+  node.set_next_edges(torch::autograd::collect_next_edges(inputs));
+  return inputs;
 }
 
 }  // namespace
@@ -795,23 +819,19 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
   try {
     Boundary& boundary = bridge.boundary();
     auto node = MakeNode<OpNode>(bridge.shared_from_this());
-    variable_list inputs = node->CollectInputs([&](size_t s, auto&& add) {
+    variable_list inputs = StartNode(*node, [&](size_t s, auto&& add) {
       PyObject* obj = tensors[s];
       if (obj == nullptr || obj == Py_None) {
         if (!bridge.leaves()[s].is_list) add(nullptr);
-        return;
-      }
-      if (THPVariable_Check(obj)) {
+      } else if (THPVariable_Check(obj)) {
         add(&THPVariable_Unpack(obj));
-        return;
-      }
-      const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-      for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* item = PySequence_Fast_ITEMS(obj)[i];
-        add(item == Py_None ? nullptr : &THPVariable_Unpack(item));
+      } else {
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(obj); ++i) {
+          PyObject* item = PySequence_Fast_ITEMS(obj)[i];
+          add(item == Py_None ? nullptr : &THPVariable_Unpack(item));
+        }
       }
     });
-    node->set_next_edges(torch::autograd::collect_next_edges(inputs));
     Owned owned;
     PyObject* setup = bridge.SetupContext();
     if (setup != nullptr) owned.Add(setup);
@@ -826,15 +846,13 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
         result = PyObject_Vectorcall(kernel, args, boundary.num_positional(), boundary.body_kwnames());
       }
       if (result == nullptr) return nullptr;
-      out = boundary.CheckReturn(result);
+      out = owned.Add(boundary.CheckReturn(result));
       Py_DECREF(result);
       if (out == nullptr) return nullptr;
-      owned.Add(out);
       if (setup != nullptr) {
         const size_t n = boundary.num_params();
-        PyObject* original = PyTuple_New(static_cast<Py_ssize_t>(n));
+        PyObject* original = owned.Add(PyTuple_New(static_cast<Py_ssize_t>(n)));
         if (original == nullptr) return nullptr;
-        owned.Add(original);
         for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(original, static_cast<Py_ssize_t>(i), Py_NewRef(args[i]));
         PyObject* call_args[] = {node->Ctx(), original, out};
         PyObject* done = PyObject_Vectorcall(setup, call_args, 3, nullptr);
@@ -842,72 +860,46 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
         Py_DECREF(done);
       }
     }
-    // The flat tensor outputs, lists expanded.
-    c10::SmallVector<PyObject*, 8> flat;
-    if (!FlatReturns(bridge, out, flat, owned)) return nullptr;
-    OptionalVariables raw;
-    c10::SmallVector<PyObject*, 8> raw_objects;  // per entry: the Python tensor, or null
-    const auto& kinds = bridge.returns();
-    for (size_t r = 0; r < kinds.size(); ++r) {
-      PyObject* value = flat[r];
-      if (kinds[r] == GradBridge::ReturnKind::kTensorList && value != Py_None) {
-        const Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
-        node->AddReturnCount(static_cast<int32_t>(n));
-        for (Py_ssize_t i = 0; i < n; ++i) {
-          PyObject* item = PySequence_Fast_ITEMS(value)[i];
-          const bool tensor = THPVariable_Check(item);
-          raw.emplace_back(tensor ? std::optional<Variable>(THPVariable_Unpack(item)) : std::nullopt);
-          raw_objects.push_back(tensor ? item : nullptr);
-        }
-        continue;
-      }
-      node->AddReturnCount(1);
-      const bool tensor = kinds[r] == GradBridge::ReturnKind::kTensor && THPVariable_Check(value);
-      raw.emplace_back(tensor ? std::optional<Variable>(THPVariable_Unpack(value)) : std::nullopt);
-      raw_objects.push_back(tensor ? value : nullptr);
+    // The flat return values, borrowed from `out` or from `flat`'s new references.
+    const size_t nrets = bridge.returns().size();
+    c10::SmallVector<PyObject*, 8> flat(nrets, nullptr);
+    if (boundary.leaf_returns()) {
+      for (size_t r = 0; r < nrets; ++r) flat[r] = nrets == 1 ? out : PySequence_Fast_ITEMS(out)[r];
+    } else {
+      if (!boundary.FlattenOutput(out, flat.data())) return nullptr;
+      for (PyObject* f : flat) owned.Add(f);
     }
-    OptionalVariables wrapped = node->Finish(inputs, raw);
+    FlatOutputs outputs(*node, bridge, flat.data());
+    OptionalVariables wrapped = node->Finish(inputs, outputs.raw);
     // Outputs come back as the same tensors unless autograd had to replace
     // one (an input returned as is becomes a view of it); then the output is
     // rebuilt around the replacements.
-    c10::SmallVector<PyObject*, 8> replaced(wrapped.size(), nullptr);
     bool changed = false;
     for (size_t e = 0; e < wrapped.size(); ++e) {
-      if (!wrapped[e].has_value() || raw_objects[e] == nullptr) continue;
-      PyObject* obj = THPVariable_Wrap(*wrapped[e]);
+      if (!wrapped[e].has_value() || outputs.objects[e] == nullptr) continue;
+      PyObject* obj = owned.Add(THPVariable_Wrap(*wrapped[e]));
       if (obj == nullptr) return nullptr;
-      owned.Add(obj);
-      if (obj != raw_objects[e]) {
-        replaced[e] = obj;
-        changed = true;
-      }
+      changed = changed || obj != outputs.objects[e];
+      outputs.objects[e] = obj;
     }
     if (!changed) return Py_NewRef(out);
-    PyObject* new_flat = PyTuple_New(static_cast<Py_ssize_t>(kinds.size()));
-    if (new_flat == nullptr) return nullptr;
-    owned.Add(new_flat);
     size_t e = 0;
-    for (size_t r = 0; r < kinds.size(); ++r) {
-      PyObject* value = flat[r];
+    for (size_t r = 0; r < nrets; ++r) {
       const int32_t count = node->return_count(r);
-      if (kinds[r] == GradBridge::ReturnKind::kTensorList && value != Py_None) {
-        PyObject* list = PyList_New(count);
+      if (bridge.returns()[r] == GradBridge::ReturnKind::kTensorList && flat[r] != Py_None) {
+        PyObject* list = owned.Add(PyList_New(count));
         if (list == nullptr) return nullptr;
         for (int32_t i = 0; i < count; ++i, ++e) {
-          PyObject* item = replaced[e] ? replaced[e] : PySequence_Fast_ITEMS(value)[i];
+          PyObject* item = outputs.objects[e] ? outputs.objects[e] : PySequence_Fast_ITEMS(flat[r])[i];
           PyList_SET_ITEM(list, i, Py_NewRef(item));
         }
-        PyTuple_SET_ITEM(new_flat, static_cast<Py_ssize_t>(r), list);
-        continue;
+        flat[r] = list;
+      } else {
+        if (outputs.objects[e]) flat[r] = outputs.objects[e];
+        ++e;
       }
-      PyTuple_SET_ITEM(new_flat, static_cast<Py_ssize_t>(r), Py_NewRef(replaced[e] ? replaced[e] : value));
-      ++e;
     }
-    if (!bridge.leaf_returns()) {
-      PyObject* rebuild = owned.Add(bridge.Helper(N().rebuild_output));
-      return PyObject_CallOneArg(rebuild, kinds.size() == 1 ? PyTuple_GET_ITEM(new_flat, 0) : new_flat);
-    }
-    return Py_NewRef(kinds.size() == 1 ? PyTuple_GET_ITEM(new_flat, 0) : new_flat);
+    return boundary.RebuildOutput(flat.data());
   } catch (python_error& e) {
     e.restore();
   } catch (py::error_already_set& e) {
@@ -917,8 +909,6 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
   }
   return nullptr;
 }
-
-// --- the forward, behind the dispatcher --------------------------------------------
 
 namespace {
 
@@ -967,11 +957,10 @@ class AutogradKernel : public c10::OperatorKernel {
   void Record(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack, size_t base) {
     GradBridge& b = *bridge_;
     auto node = MakeNode<OpNode>(bridge_);
-    variable_list inputs = node->CollectInputs([&](size_t s, auto&& add) {
+    variable_list inputs = StartNode(*node, [&](size_t s, auto&& add) {
       const auto& leaf = b.leaves()[s];
       ForEachTensorIn((*stack)[base + leaf.flat_index], leaf.is_list, add);
     });
-    node->set_next_edges(torch::autograd::collect_next_edges(inputs));
     // The dispatcher runs this kernel without the GIL: the reference is
     // dropped under it, however the call ends.
     struct SetupRef {
@@ -994,34 +983,19 @@ class AutogradKernel : public c10::OperatorKernel {
       RedispatchBelowAutograd(op, ks, stack, b.mutates());
     }
     const size_t nrets = b.returns().size();
-    const size_t out_base = stack->size() - nrets;
-    OptionalVariables raw;
-    for (size_t r = 0; r < nrets; ++r) {
-      const c10::IValue& v = (*stack)[out_base + r];
-      if (b.returns()[r] == GradBridge::ReturnKind::kTensorList && v.isList()) {
-        const auto& items = v.toListRef();
-        node->AddReturnCount(static_cast<int32_t>(items.size()));
-        for (const c10::IValue& item : items) {
-          raw.emplace_back(item.isTensor() ? std::optional<Variable>(item.toTensor()) : std::nullopt);
-        }
-        continue;
-      }
-      node->AddReturnCount(1);
-      raw.emplace_back(b.returns()[r] == GradBridge::ReturnKind::kTensor && v.isTensor()
-                           ? std::optional<Variable>(v.toTensor())
-                           : std::nullopt);
-    }
+    c10::IValue* returns = stack->data() + (stack->size() - nrets);
+    FlatOutputs outputs(*node, b, returns);
     OptionalVariables wrapped;
     if (setup.fn != nullptr) {
       py::gil_scoped_acquire gil;
-      RunSetupContext(*node, setup.fn, args, stack, out_base);
-      wrapped = node->Finish(inputs, raw);
+      RunSetupContext(*node, setup.fn, args, returns);
+      wrapped = node->Finish(inputs, outputs.raw);
     } else {
-      wrapped = node->Finish(inputs, raw);
+      wrapped = node->Finish(inputs, outputs.raw);
     }
     size_t e = 0;
     for (size_t r = 0; r < nrets; ++r) {
-      c10::IValue& v = (*stack)[out_base + r];
+      c10::IValue& v = returns[r];
       const int32_t count = node->return_count(r);
       if (b.returns()[r] == GradBridge::ReturnKind::kTensorList && v.isList()) {
         if (v.isTensorList()) {
@@ -1032,9 +1006,7 @@ class AutogradKernel : public c10::OperatorKernel {
         } else {
           c10::List<std::optional<at::Tensor>> list;
           list.reserve(static_cast<size_t>(count));
-          for (int32_t i = 0; i < count; ++i, ++e) {
-            list.push_back(wrapped[e].has_value() ? std::optional<at::Tensor>(*wrapped[e]) : std::nullopt);
-          }
+          for (int32_t i = 0; i < count; ++i, ++e) list.push_back(wrapped[e]);
           v = std::move(list);
         }
         continue;
@@ -1045,39 +1017,23 @@ class AutogradKernel : public c10::OperatorKernel {
   }
 
   // setup_context(ctx, original inputs, original output), inputs and output
-  // rebuilt from the flat values as a Python kernel receives them.
+  // rebuilt from the flat values as the body receives them.
   void RunSetupContext(OpNode& node, PyObject* setup, const std::vector<c10::IValue>& args,
-                       torch::jit::Stack* stack, size_t out_base) {
+                       const c10::IValue* returns) {
     const GradBridge& b = *bridge_;
     Boundary& boundary = b.boundary();
     Owned owned;
-    PyObject* leaves = owned.Add(PyTuple_New(static_cast<Py_ssize_t>(args.size())));
-    if (leaves == nullptr) ThrowPython();
-    for (size_t i = 0; i < args.size(); ++i) {
-      PyObject* value = boundary.PresentArgument(i, args[i]);
-      if (value == nullptr) ThrowPython();
-      PyTuple_SET_ITEM(leaves, static_cast<Py_ssize_t>(i), value);
-    }
-    PyObject* rebuild_inputs = owned.Add(b.Helper(N().rebuild_inputs));
-    PyObject* inputs = PyObject_CallOneArg(rebuild_inputs, leaves);
+    PyObject* inputs = owned.Add(boundary.RebuildArgs(args));
     if (inputs == nullptr) ThrowPython();
-    owned.Add(inputs);
     const size_t nrets = b.returns().size();
-    PyObject* flat = owned.Add(PyTuple_New(static_cast<Py_ssize_t>(nrets)));
-    if (flat == nullptr) ThrowPython();
+    c10::SmallVector<PyObject*, 8> flat(nrets, nullptr);
     for (size_t r = 0; r < nrets; ++r) {
-      PyObject* value = boundary.PresentReturn(r, (*stack)[out_base + r]);
-      if (value == nullptr) ThrowPython();
-      PyTuple_SET_ITEM(flat, static_cast<Py_ssize_t>(r), value);
+      flat[r] = owned.Add(boundary.PresentReturn(r, returns[r]));
+      if (flat[r] == nullptr) ThrowPython();
     }
-    PyObject* output = nrets == 1 ? PyTuple_GET_ITEM(flat, 0) : flat;
-    if (nrets == 0) output = Py_None;
-    if (!b.leaf_returns()) {
-      PyObject* rebuild = owned.Add(b.Helper(N().rebuild_output));
-      output = PyObject_CallOneArg(rebuild, output);
-      if (output == nullptr) ThrowPython();
-      owned.Add(output);
-    }
+    PyObject* output = nrets == 0 ? Py_NewRef(Py_None) : boundary.RebuildOutput(flat.data());
+    if (output == nullptr) ThrowPython();
+    owned.Add(output);
     torch::autograd::AutoGradMode no_grad(false);
     PyObject* call_args[] = {node.Ctx(), inputs, output};
     PyObject* done = PyObject_Vectorcall(setup, call_args, 3, nullptr);

@@ -1,16 +1,6 @@
-// The call boundary of opforge ops (see boundary.h), and the eager fast path.
-//
-// A leaf is converted exactly as torch's dispatcher converts a Python value
-// for its schema type: values of the exact type pass through untouched, any
-// other value goes through torch's own converter (torch::jit::toIValue, then
-// the conversion a Python kernel's arguments get). On top of torch, opforge
-// rejects a few values torch accepts by accident: None for a leaf that is not
-// optional, a str, bytes, dict, set or Tensor where a list is expected (torch
-// iterates them), and dtype/layout/memory-format codes out of range (torch
-// returns another kind of object for them, or crashes).
-#include "boundary.h"
-
-#include "autograd.h"
+// The call boundary of opforge ops (see boundary.h); each leaf converted by
+// its rule (leaf_rule.h).
+#include "python/boundary.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/record_function.h>
@@ -43,39 +33,9 @@ namespace {
 
 using Kind = LeafRule::Kind;
 
-bool g_enabled = true;
-
-constexpr int kNumDeviceTypes = static_cast<int>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES);
-
 // --- messages ---------------------------------------------------------------
 
-std::string TypeName(PyObject* obj) {
-  if (obj == Py_None) return "None";
-  return Py_TYPE(obj)->tp_name;
-}
-
-std::string Describe(PyObject* obj) {
-  if (obj == Py_None) return "None";
-  std::string out = TypeName(obj);
-  PyObject* repr = PyObject_Repr(obj);
-  if (repr == nullptr) {
-    PyErr_Clear();
-    return out;
-  }
-  Py_ssize_t size = 0;
-  const char* text = PyUnicode_AsUTF8AndSize(repr, &size);
-  if (text == nullptr) {
-    PyErr_Clear();
-  } else {
-    std::string r(text, static_cast<size_t>(size));
-    if (r.size() > 60) r = r.substr(0, 57) + "...";
-    if (r != out) out += " " + r;
-  }
-  Py_DECREF(repr);
-  return out;
-}
-
-enum class Context { kArgument, kDefault, kReturn };
+using Context = Boundary::Context;
 
 const char* Suffix(Context context) { return context == Context::kDefault ? " (its default)" : ""; }
 
@@ -120,220 +80,6 @@ PyObject* FailExpected(const std::string& op, const Location& where, Context con
   }
   std::string what = "expected " + want + ", got " + Describe(obj) + ".";
   return Fail(PyExc_TypeError, op, where, context, what, Fix(context, want));
-}
-
-// --- leaf rules --------------------------------------------------------------
-
-LeafRule MakeRule(c10::TypePtr type, std::optional<int32_t> N) {
-  LeafRule rule;
-  if (auto opt = type->cast<c10::OptionalType>()) {
-    rule.optional = true;
-    type = opt->getElementType();
-  }
-  rule.type = type;
-  rule.N = N;
-  switch (type->kind()) {
-    case c10::TypeKind::TensorType: rule.kind = Kind::kTensor; rule.expected = "a Tensor"; break;
-    case c10::TypeKind::IntType:
-    case c10::TypeKind::SymIntType: rule.kind = Kind::kInt; rule.expected = "an int"; break;
-    case c10::TypeKind::FloatType:
-    case c10::TypeKind::SymFloatType: rule.kind = Kind::kFloat; rule.expected = "a float"; break;
-    case c10::TypeKind::BoolType:
-    case c10::TypeKind::SymBoolType: rule.kind = Kind::kBool; rule.expected = "a bool"; break;
-    case c10::TypeKind::StringType: rule.kind = Kind::kStr; rule.expected = "a str"; break;
-    case c10::TypeKind::NumberType:
-      rule.kind = Kind::kScalar;
-      rule.expected = "a number (int, float, bool or complex)";
-      break;
-    case c10::TypeKind::ScalarTypeType: rule.kind = Kind::kScalarType; rule.expected = "a torch.dtype"; break;
-    case c10::TypeKind::LayoutType: rule.kind = Kind::kLayout; rule.expected = "a torch.layout"; break;
-    case c10::TypeKind::MemoryFormatType:
-      rule.kind = Kind::kMemoryFormat;
-      rule.expected = "a torch.memory_format";
-      break;
-    case c10::TypeKind::DeviceObjType:
-      rule.kind = Kind::kDevice;
-      rule.expected = "a torch.device or a device string";
-      break;
-    case c10::TypeKind::GeneratorType: rule.kind = Kind::kGenerator; rule.expected = "a torch.Generator"; break;
-    case c10::TypeKind::ListType: {
-      rule.kind = Kind::kList;
-      rule.element = std::make_shared<LeafRule>(
-          MakeRule(type->expectRef<c10::ListType>().getElementType(), std::nullopt));
-      std::string noun = rule.element->expected;
-      // "an int" -> "int"; "a Tensor" -> "Tensor"
-      noun = noun.substr(noun.find(' ') + 1);
-      rule.expected = "a list of " + noun + (rule.element->optional ? " or None" : "");
-      break;
-    }
-    default: rule.kind = Kind::kOther; rule.expected = "a value of type " + type->str(); break;
-  }
-  return rule;
-}
-
-bool HoldsTensors(const LeafRule& rule) {
-  return rule.kind == Kind::kTensor || (rule.kind == Kind::kList && rule.element->kind == Kind::kTensor);
-}
-
-// torch's presentation of a converted argument to a Python kernel.
-PyObject* Present(const LeafRule& rule, const c10::IValue& value) {
-  if (value.isNone()) return Py_NewRef(Py_None);
-  switch (rule.kind) {
-    case Kind::kScalarType: {
-      if (!value.isInt()) return nullptr;
-      const int64_t code = value.toInt();
-      if (code < 0 || code >= static_cast<int64_t>(c10::ScalarType::NumOptions)) return nullptr;
-      return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(code))));
-    }
-    case Kind::kLayout: {
-      if (!value.isInt()) return nullptr;
-      const int64_t code = value.toInt();
-      if (code < 0 || code >= static_cast<int64_t>(c10::Layout::NumOptions)) return nullptr;
-      return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(code))));
-    }
-    case Kind::kMemoryFormat: {
-      if (!value.isInt()) return nullptr;
-      const int64_t code = value.toInt();
-      if (code < 0 || code >= static_cast<int64_t>(c10::MemoryFormat::NumOptions)) return nullptr;
-      return Py_NewRef(torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(code)));
-    }
-    default:
-      return torch::jit::toPyObject(value).release().ptr();
-  }
-}
-
-// torch's own conversion; null (and no Python error) when torch rejects.
-PyObject* TorchConvert(const LeafRule& rule, PyObject* obj) {
-  try {
-    c10::IValue value = torch::jit::toIValue(obj, rule.type, rule.N);
-    PyObject* out = Present(rule, value);
-    if (out == nullptr) PyErr_Clear();
-    return out;
-  } catch (...) {
-    PyErr_Clear();
-    return nullptr;
-  }
-}
-
-bool IsExactInt64(PyObject* obj) {
-  if (!PyLong_CheckExact(obj)) return false;
-  int overflow = 0;
-  PyLong_AsLongLongAndOverflow(obj, &overflow);
-  return overflow == 0;
-}
-
-PyObject* ConvertLeaf(const LeafRule& rule, PyObject* obj);
-
-PyObject* ConvertList(const LeafRule& rule, PyObject* obj) {
-  if (PyUnicode_Check(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj) || PyDict_Check(obj) ||
-      PyAnySet_Check(obj)) {
-    return nullptr;
-  }
-  const LeafRule& element = *rule.element;
-  if (element.kind == Kind::kTensor && THPVariable_Check(obj)) return nullptr;
-  if (!PyList_Check(obj) && !PyTuple_Check(obj)) return TorchConvert(rule, obj);
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-  PyObject* out = PyList_New(n);
-  if (out == nullptr) {
-    PyErr_Clear();
-    return nullptr;
-  }
-  PyObject** items = PySequence_Fast_ITEMS(obj);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = ConvertLeaf(element, items[i]);
-    if (item == nullptr) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyList_SET_ITEM(out, i, item);
-  }
-  return out;
-}
-
-// A new reference to the converted value, or null (no Python error set)
-// when the value does not fit the rule.
-PyObject* ConvertLeaf(const LeafRule& rule, PyObject* obj) {
-  if (obj == Py_None) return rule.optional ? Py_NewRef(Py_None) : nullptr;
-  switch (rule.kind) {
-    case Kind::kTensor:
-      // torch hands a Python kernel the very tensor object it was given.
-      return THPVariable_Check(obj) ? Py_NewRef(obj) : nullptr;
-    case Kind::kInt:
-      if (IsExactInt64(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kFloat:
-      if (PyFloat_CheckExact(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kBool:
-      if (PyBool_Check(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kStr:
-      if (PyUnicode_CheckExact(obj)) {
-        if (PyUnicode_IS_ASCII(obj) || PyUnicode_AsUTF8(obj) != nullptr) return Py_NewRef(obj);
-        PyErr_Clear();
-        return nullptr;  // lone surrogates: no UTF-8 form for torch
-      }
-      break;
-    case Kind::kScalar:
-      if (PyFloat_CheckExact(obj) || PyBool_Check(obj) || PyComplex_CheckExact(obj) || IsExactInt64(obj)) {
-        return Py_NewRef(obj);
-      }
-      break;
-    case Kind::kScalarType:
-      if (THPDtype_Check(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kLayout:
-      if (THPLayout_Check(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kMemoryFormat:
-      if (THPMemoryFormat_Check(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kDevice:
-      if (THPDevice_Check(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kGenerator: {
-      const int is = THPGenerator_Check(obj);
-      if (is < 0) PyErr_Clear();
-      return is > 0 ? Py_NewRef(obj) : nullptr;
-    }
-    case Kind::kList:
-      return ConvertList(rule, obj);
-    case Kind::kOther:
-      break;
-  }
-  return TorchConvert(rule, obj);
-}
-
-std::string Qualname(PyObject* cls) {
-  PyObject* q = PyObject_GetAttrString(cls, "__qualname__");
-  if (q == nullptr) {
-    PyErr_Clear();
-    return reinterpret_cast<PyTypeObject*>(cls)->tp_name;
-  }
-  const char* text = PyUnicode_AsUTF8(q);
-  std::string out = text ? text : "?";
-  if (!text) PyErr_Clear();
-  Py_DECREF(q);
-  return out;
-}
-
-// Whether a leaf's values may stand for a struct built from them: immutable,
-// and equal only when they rebuild the same. A Scalar is not: 1, 1.0 and True
-// are equal but reach the body as three types. StructCache follows this rule.
-bool CacheableLeaf(const LeafRule& rule) {
-  switch (rule.kind) {
-    case Kind::kInt:
-    case Kind::kFloat:
-    case Kind::kBool:
-    case Kind::kStr:
-    case Kind::kScalarType:
-    case Kind::kLayout:
-    case Kind::kMemoryFormat:
-    case Kind::kDevice:
-      return true;
-    default:
-      return false;
-  }
 }
 
 bool Cacheable(const Node& node) {
@@ -429,6 +175,7 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
   for (size_t i = 0; i < lowered.returns.size(); ++i) {
     const Location where{lowered.returns.size() == 1 ? "return value" : "return value " + std::to_string(i), {}};
     returns_.push_back(BuildReturn(lowered.returns[i], flat_, where, classes));
+    leaf_returns_ = leaf_returns_ && returns_.back().kind != Node::Kind::kStruct;
   }
   std::vector<std::string> flat_kw;
   for (const auto& arg : flat_.arguments()) {
@@ -512,6 +259,12 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
       node.kind = Node::Kind::kEnum;
       node.cls = classes[py::str(info.enum_name)];
       node.by_value = enum_values[py::str(info.enum_name)];
+      node.qual = Qualname(node.cls.ptr());
+      // Errors list the members in declaration order: "Mode.A, Mode.B".
+      for (py::handle member : node.cls) {
+        node.allowed_repr += (node.allowed_repr.empty() ? "" : ", ") + node.qual + "." +
+                             py::cast<std::string>(member.attr("name"));
+      }
     } else if (!info.allowed.empty()) {
       node.kind = Node::Kind::kLiteral;
       py::list values;
@@ -559,26 +312,6 @@ Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat
 }
 
 // --- flattening, for ops whose kernels torch calls ----------------------------
-
-namespace {
-
-c10::IValue LeafIValue(const LeafRule& rule, const c10::Argument& arg, PyObject* obj) {
-  if (obj == Py_None) return c10::IValue();
-  switch (rule.kind) {
-    case Kind::kTensor: return THPVariable_Unpack(obj);
-    case Kind::kInt:
-      if (PyLong_CheckExact(obj)) return static_cast<int64_t>(PyLong_AsLongLong(obj));
-      break;
-    case Kind::kFloat:
-      if (PyFloat_CheckExact(obj)) return PyFloat_AS_DOUBLE(obj);
-      break;
-    case Kind::kBool: return obj == Py_True;
-    default: break;
-  }
-  return torch::jit::toIValue(py::handle(obj), arg.real_type(), arg.N());
-}
-
-}  // namespace
 
 bool Boundary::Flatten(PyObject* const* converted, std::vector<c10::IValue>& stack) {
   const size_t n = flat_.arguments().size();
@@ -637,7 +370,7 @@ bool Boundary::Bind(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, 
 bool Boundary::ConvertAll(PyObject* const* values, PyObject** out, PyObject** tensors,
                           std::vector<PyObject*>& keep) {
   for (size_t i = 0; i < params_.size(); ++i) {
-    out[i] = Convert(params_[i], values[i], tensors, keep, nullptr);
+    out[i] = Convert(params_[i], values[i], tensors, keep, Context::kArgument);
     if (out[i] == nullptr) {
       for (size_t j = 0; j < i; ++j) Py_CLEAR(out[j]);
       return false;
@@ -647,8 +380,7 @@ bool Boundary::ConvertAll(PyObject* const* values, PyObject** out, PyObject** te
 }
 
 PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep,
-                            const char* context) {
-  const Context ctx = context == nullptr ? Context::kArgument : Context::kDefault;
+                            Context ctx) {
   switch (node.kind) {
     case Node::Kind::kLeaf: {
       PyObject* out = ConvertLeaf(node.rule, obj);
@@ -661,57 +393,10 @@ PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, std::
       if (obj == Py_None) {
         if (node.optional) return Py_NewRef(Py_None);
         return FailExpected(op_, node.where, ctx,
-                            node.kind == Node::Kind::kEnum ? "a member of " + Qualname(node.cls.ptr())
-                                                           : node.rule.expected,
-                            false, obj);
+                            node.kind == Node::Kind::kEnum ? "a member of " + node.qual : node.rule.expected, false,
+                            obj);
       }
-      auto one = [&](PyObject* item) -> PyObject* {
-        if (node.kind == Node::Kind::kEnum) {
-          const int is = PyObject_IsInstance(item, node.cls.ptr());
-          if (is > 0) return Py_NewRef(item);
-          if (is < 0) PyErr_Clear();
-          if (PyUnicode_CheckExact(item) || PyLong_CheckExact(item)) {
-            PyObject* member = PyDict_GetItemWithError(node.by_value.ptr(), item);
-            if (member != nullptr) return Py_NewRef(member);
-            PyErr_Clear();
-          }
-          std::string names;
-          PyObject* iter = PyObject_GetIter(node.cls.ptr());
-          const std::string cls = Qualname(node.cls.ptr());
-          if (iter != nullptr) {
-            while (PyObject* m = PyIter_Next(iter)) {
-              PyObject* mname = PyObject_GetAttrString(m, "name");
-              if (mname != nullptr) {
-                const char* t = PyUnicode_AsUTF8(mname);
-                if (t) names += (names.empty() ? "" : ", ") + cls + "." + t;
-                Py_DECREF(mname);
-              }
-              Py_DECREF(m);
-            }
-            Py_DECREF(iter);
-          }
-          PyErr_Clear();
-          PyObject* repr = PyObject_Repr(item);
-          std::string r = repr && PyUnicode_AsUTF8(repr) ? PyUnicode_AsUTF8(repr) : "?";
-          Py_XDECREF(repr);
-          PyErr_Clear();
-          return Fail(PyExc_ValueError, op_, node.where, ctx,
-                      r + " is not a member or value of " + cls + ".", "Pass one of " + names + ".");
-        }
-        if (PyUnicode_CheckExact(item) || PyLong_CheckExact(item)) {
-          const int in = PySet_Contains(node.allowed.ptr(), item);
-          if (in > 0) return Py_NewRef(item);
-          if (in < 0) PyErr_Clear();
-        }
-        PyObject* repr = PyObject_Repr(item);
-        std::string r = repr && PyUnicode_AsUTF8(repr) ? PyUnicode_AsUTF8(repr) : "?";
-        Py_XDECREF(repr);
-        PyErr_Clear();
-        return Fail(PyExc_ValueError, op_, node.where, ctx,
-                    r + " is not one of the allowed values " + node.allowed_repr + ".",
-                    ctx == Context::kDefault ? "Change the default." : "Pass one of them.");
-      };
-      if (!node.is_list) return one(obj);
+      if (!node.is_list) return ConvertChoice(node, obj, ctx);
       if (!PyList_Check(obj) && !PyTuple_Check(obj)) {
         return FailExpected(op_, node.where, ctx, "a list", node.optional, obj);
       }
@@ -719,7 +404,7 @@ PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, std::
       PyObject* out = PyList_New(n);
       if (out == nullptr) return nullptr;
       for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* item = one(PySequence_Fast_ITEMS(obj)[i]);
+        PyObject* item = ConvertChoice(node, PySequence_Fast_ITEMS(obj)[i], ctx);
         if (item == nullptr) {
           Py_DECREF(out);
           return nullptr;
@@ -739,14 +424,37 @@ PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, std::
       return PyObject_Vectorcall(handle_check_.ptr(), call_args, 3, nullptr);
     }
     case Node::Kind::kStruct:
-      return ConvertStruct(node, obj, tensors, keep, context);
+      return ConvertStruct(node, obj, tensors, keep, ctx);
   }
   return nullptr;
 }
 
+PyObject* Boundary::ConvertChoice(const Node& node, PyObject* item, Context ctx) {
+  const bool is_enum = node.kind == Node::Kind::kEnum;
+  if (is_enum) {
+    const int is = PyObject_IsInstance(item, node.cls.ptr());
+    if (is > 0) return Py_NewRef(item);
+    if (is < 0) PyErr_Clear();
+  }
+  if (PyUnicode_CheckExact(item) || PyLong_CheckExact(item)) {
+    if (is_enum) {
+      if (PyObject* member = PyDict_GetItemWithError(node.by_value.ptr(), item)) return Py_NewRef(member);
+    } else if (PySet_Contains(node.allowed.ptr(), item) > 0) {
+      return Py_NewRef(item);
+    }
+    PyErr_Clear();
+  }
+  if (is_enum) {
+    return Fail(PyExc_ValueError, op_, node.where, ctx, Repr(item) + " is not a member or value of " + node.qual + ".",
+                "Pass one of " + node.allowed_repr + ".");
+  }
+  return Fail(PyExc_ValueError, op_, node.where, ctx,
+              Repr(item) + " is not one of the allowed values " + node.allowed_repr + ".",
+              ctx == Context::kDefault ? "Change the default." : "Pass one of them.");
+}
+
 PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep,
-                                  const char* context) {
-  const Context ctx = context == nullptr ? Context::kArgument : Context::kDefault;
+                                  Context ctx) {
   const std::string& qual = node.qual;
   if (obj == Py_None) {
     if (node.optional) return Py_NewRef(Py_None);
@@ -777,7 +485,7 @@ PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors,
                       ", which has no field '" + node.field_names[i].cast<std::string>() + "'.",
                   Fix(ctx, "a " + qual));
     }
-    PyObject* converted = Convert(node.children[i], value, tensors, keep, context);
+    PyObject* converted = Convert(node.children[i], value, tensors, keep, ctx);
     if (converted == nullptr) {
       Py_DECREF(value);
       return nullptr;
@@ -964,25 +672,117 @@ PyObject* Boundary::Dispatch(PyObject* overload, PyObject* const* converted) {
   } release{owned};
   if (!FlattenLeaves(converted, leaves.data(), owned)) return nullptr;
   PyObject* out = PyObject_Vectorcall(overload, leaves.data(), num_flat_positional_, flat_kwnames_.ptr());
-  if (out == nullptr) return nullptr;
-  bool leaf_returns = true;
-  for (const Node& r : returns_) leaf_returns = leaf_returns && r.kind != Node::Kind::kStruct;
-  if (leaf_returns) return out;
+  if (out == nullptr || leaf_returns_) return out;
   owned.push_back(out);
-  const size_t nflat = flat_.returns().size();
-  PyObject* const* flat = nflat == 1 ? &out : PySequence_Fast_ITEMS(out);
+  return RebuildOutput(flat_.returns().size() == 1 ? &out : PySequence_Fast_ITEMS(out));
+}
+
+PyObject* Boundary::RebuildOutput(PyObject* const* flat) {
   if (returns_.size() == 1) return RebuildReturn(returns_[0], flat);
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(returns_.size()));
-  if (tuple == nullptr) return nullptr;
-  for (size_t r = 0; r < returns_.size(); ++r) {
+  for (size_t r = 0; tuple != nullptr && r < returns_.size(); ++r) {
     PyObject* value = RebuildReturn(returns_[r], flat);
-    if (value == nullptr) {
-      Py_DECREF(tuple);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(r), value);
+    if (value == nullptr) Py_CLEAR(tuple);
+    if (tuple != nullptr) PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(r), value);
   }
   return tuple;
+}
+
+bool Boundary::FlattenReturn(const Node& node, PyObject* value, PyObject** flat) {
+  if (node.kind != Node::Kind::kStruct) {
+    Py_XSETREF(flat[node.leaf_index], Py_NewRef(value));
+    return true;
+  }
+  for (size_t i = 0; i < node.children.size(); ++i) {
+    PyObject* field = PyObject_GetAttr(value, node.field_names[i].ptr());
+    if (field == nullptr) return false;
+    const bool ok = FlattenReturn(node.children[i], field, flat);
+    Py_DECREF(field);
+    if (!ok) return false;
+  }
+  return true;
+}
+
+bool Boundary::FlattenOutput(PyObject* output, PyObject** flat) {
+  for (size_t r = 0; r < returns_.size(); ++r) {
+    PyObject* value = returns_.size() == 1 ? output : PySequence_Fast_ITEMS(output)[r];
+    if (!FlattenReturn(returns_[r], value, flat)) return false;
+  }
+  return true;
+}
+
+// --- rebuilding, for the op's dispatcher kernel ------------------------------
+
+PyObject* Boundary::Leaf(c10::ArrayRef<c10::IValue> args, size_t index, Owned& owned) {
+  const c10::IValue& v = args[index];
+  PyObject* out = v.isTensor() ? THPVariable_Wrap(v.toTensor()) : PresentArgument(index, v);
+  if (out != nullptr) owned.Add(out);
+  return out;
+}
+
+PyObject* Boundary::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, Owned& owned) {
+  switch (node.kind) {
+    case Node::Kind::kLeaf:
+    case Node::Kind::kLiteral:
+      return Py_XNewRef(Leaf(args, static_cast<size_t>(node.leaf_index), owned));
+    case Node::Kind::kEnum: {
+      PyObject* value = Leaf(args, static_cast<size_t>(node.leaf_index), owned);
+      if (value == nullptr) return nullptr;
+      if (value == Py_None) return Py_NewRef(Py_None);
+      auto member = [&](PyObject* raw) -> PyObject* {
+        PyObject* m = PyDict_GetItemWithError(node.by_value.ptr(), raw);
+        if (m == nullptr && !PyErr_Occurred()) {
+          PyErr_Format(PyExc_ValueError, "%s: %s: %R is not a value of the enum.", op_.c_str(),
+                       node.where.Text().c_str(), raw);
+        }
+        return Py_XNewRef(m);
+      };
+      if (!node.is_list) return member(value);
+      const Py_ssize_t n = PyList_GET_SIZE(value);
+      PyObject* out = PyList_New(n);
+      for (Py_ssize_t i = 0; out != nullptr && i < n; ++i) {
+        PyObject* m = member(PyList_GET_ITEM(value, i));
+        if (m == nullptr) {
+          Py_CLEAR(out);
+        } else {
+          PyList_SET_ITEM(out, i, m);
+        }
+      }
+      return out;
+    }
+    case Node::Kind::kHandle: {
+      PyObject* value = Leaf(args, static_cast<size_t>(node.leaf_index), owned);
+      if (value == nullptr) return nullptr;
+      if (value == Py_None) return Py_NewRef(Py_None);
+      if (!resolve_) resolve_ = py::module_::import("opforge.handles").attr("resolve");
+      py::str at(op_ + ": " + node.where.Text());
+      PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
+      return PyObject_Vectorcall(resolve_.ptr(), call_args, 3, nullptr);
+    }
+    case Node::Kind::kStruct: {
+      if (node.optional && !args[static_cast<size_t>(node.presence_index)].toBool()) return Py_NewRef(Py_None);
+      Owned fields;
+      fields.items.reserve(node.children.size());
+      for (const Node& child : node.children) {
+        PyObject* value = Rebuild(child, args, owned);
+        if (value == nullptr) return nullptr;
+        fields.Add(value);
+      }
+      return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
+    }
+  }
+  return nullptr;
+}
+
+PyObject* Boundary::RebuildArgs(c10::ArrayRef<c10::IValue> args) {
+  Owned owned;
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(params_.size()));
+  for (size_t p = 0; out != nullptr && p < params_.size(); ++p) {
+    PyObject* value = Rebuild(params_[p], args, owned);
+    if (value == nullptr) Py_CLEAR(out);
+    if (out != nullptr) PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(p), value);
+  }
+  return out;
 }
 
 // --- Python-facing helpers ---------------------------------------------------
@@ -1031,518 +831,14 @@ void Boundary::CheckDefaults() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!defaults_[i]) continue;
     std::vector<PyObject*> keep;
-    PyObject* out = Convert(params_[i], defaults_[i].ptr(), nullptr, keep, "default");
+    PyObject* out = Convert(params_[i], defaults_[i].ptr(), nullptr, keep, Context::kDefault);
     for (PyObject* p : keep) Py_DECREF(p);
     if (out == nullptr) throw py::error_already_set();
     Py_DECREF(out);
   }
 }
 
-// --- the eager fast path -------------------------------------------------------
-
-namespace {
-
-// Tensor functionalities that some dispatch key would act on before the
-// kernel: subclasses living in Python, functionalization, functorch wrappers,
-// lazy conjugation/negation, sparse, nested and quantized tensors.
-constexpr c10::DispatchKeySet kIntercepting({
-    c10::DispatchKey::Python,
-    c10::DispatchKey::PythonTLSSnapshot,
-    c10::DispatchKey::Functionalize,
-    c10::DispatchKey::FuncTorchBatched,
-    c10::DispatchKey::FuncTorchGradWrapper,
-    c10::DispatchKey::BatchedNestedTensor,
-    c10::DispatchKey::Conjugate,
-    c10::DispatchKey::Negative,
-    c10::DispatchKey::ZeroTensor,
-    c10::DispatchKey::Sparse,
-    c10::DispatchKey::SparseCsr,
-    c10::DispatchKey::NestedTensor,
-    c10::DispatchKey::Quantized,
-});
-
-bool PlainDevice(c10::DeviceType type) {
-  switch (type) {
-    case c10::DeviceType::CPU:
-    case c10::DeviceType::CUDA:
-    case c10::DeviceType::HIP:
-    case c10::DeviceType::XPU:
-    case c10::DeviceType::MPS:
-      return true;
-    default:
-      return false;
-  }
-}
-
-struct CheckState {
-  bool any_tensor = false;
-  bool requires_grad = false;
-  c10::DeviceType device = c10::DeviceType::CPU;
-};
-
-bool CheckTensor(PyObject* obj, CheckState& st, int depth) {
-  if (obj == nullptr || obj == Py_None) return true;
-  if (THPVariable_CheckExact(obj)) {
-    const at::Tensor& t = THPVariable_Unpack(obj);
-    if (!t.defined()) return true;
-    const c10::DispatchKeySet ks = t.key_set();
-    if (ks.has_any(kIntercepting)) return false;
-    // Only dense tensors: MKLDNN and other layouts have kernels of their own.
-    if (!ks.has(c10::DispatchKey::Dense)) return false;
-    const c10::DeviceType device = t.device().type();
-    if (!PlainDevice(device)) return false;
-    if (st.any_tensor && device != st.device) return false;
-    st.any_tensor = true;
-    st.device = device;
-    // A tensor without autograd metadata cannot require grad; asking it
-    // directly is a call into c10 per tensor.
-    if (!st.requires_grad && t.unsafeGetTensorImpl()->autograd_meta() != nullptr) {
-      st.requires_grad = t.requires_grad();
-    }
-    return true;
-  }
-  if (depth == 0 && (PyList_CheckExact(obj) || PyTuple_CheckExact(obj))) {
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-    PyObject** items = PySequence_Fast_ITEMS(obj);
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      if (!CheckTensor(items[i], st, depth + 1)) return false;
-    }
-    return true;
-  }
-  return false;
-}
-
-bool AnyInference(PyObject* obj) {
-  if (obj == nullptr || obj == Py_None) return false;
-  if (THPVariable_Check(obj)) {
-    const at::Tensor& t = THPVariable_Unpack(obj);
-    return t.defined() && t.is_inference();
-  }
-  if (PyList_Check(obj) || PyTuple_Check(obj)) {
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      if (AnyInference(PySequence_Fast_ITEMS(obj)[i])) return true;
-    }
-  }
-  return false;
-}
-
-void BumpVersion(PyObject* obj) {
-  if (obj == nullptr || obj == Py_None) return;
-  if (THPVariable_Check(obj)) {
-    const at::Tensor& t = THPVariable_Unpack(obj);
-    if (t.defined()) torch::autograd::impl::bump_version(t);
-  } else if (PyList_Check(obj) || PyTuple_Check(obj)) {
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-    for (Py_ssize_t i = 0; i < n; ++i) BumpVersion(PySequence_Fast_ITEMS(obj)[i]);
-  }
-}
-
-}  // namespace
-
-int FastPathMode(PyObject* const* tensors, size_t n, c10::DeviceType* device) {
-  if (!g_enabled) return -1;
-  const auto tls = c10::impl::tls_local_dispatch_key_set();
-  if (tls.included_.remove(c10::DispatchKey::ADInplaceOrView) !=
-      c10::DispatchKeySet(c10::DispatchKey::BackendSelect)) {
-    return -1;  // tracing, functorch, python dispatcher, ...
-  }
-  if (!tls.excluded_.isSupersetOf(c10::default_excluded_set)) return -1;  // autocast
-  const bool below_autograd = tls.excluded_.isSupersetOf(c10::autograd_dispatch_keyset);
-  const auto other_excluded =
-      tls.excluded_ - c10::default_excluded_set - c10::autograd_dispatch_keyset_with_ADInplaceOrView;
-  if (!other_excluded.empty()) return -1;
-  // A TorchDispatchMode includes the Python key in the TLS set checked above.
-  if (at::impl::torch_function_mode_enabled()) return -1;
-  // Profiler and record_function observers: ask as the dispatcher does for
-  // each call (a thread-local cache; at::hasCallbacks() takes a mutex).
-  if (at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION).has_value()) return -1;
-  CheckState st;
-  for (size_t i = 0; i < n; ++i) {
-    if (!CheckTensor(tensors[i], st, 0)) return -1;
-  }
-  if (!st.any_tensor) return -1;
-  *device = st.device;
-  return st.requires_grad && !below_autograd && c10::GradMode::is_enabled() ? 1 : 0;
-}
-
-namespace {
-
-struct OpObject {
-  PyObject_HEAD
-  vectorcallfunc vectorcall;
-  PyObject* boundary_obj;  // the Python Boundary, owning `boundary`
-  Boundary* boundary;
-  PyObject* default_kernel;
-  std::array<PyObject*, kNumDeviceTypes>* kernels;
-  PyObject* dispatch;  // dispatch(*converted): the dispatcher path, or null: the boundary flattens
-  PyObject* overload;  // the op's OpOverload, when dispatch is null
-  PyObject* autograd;  // the op's _C.AutogradBridge, or null
-  GradBridge* bridge;  // the bridge inside `autograd`
-  PyObject* fallback;  // the class's Python __call__, for what the boundary cannot bind
-  bool has_backward;   // eager calls that need a gradient take the bridge
-  // Ops whose kernels torch calls (C++ libraries): the eager path calls the
-  // dispatcher from here, as torch.ops would, without the Python flatten.
-  std::optional<c10::OperatorHandle>* dispatcher_op;
-  PyObject* rebuild_output;  // flat returns -> struct returns, or null when all are leaves
-};
-
-// The dispatcher call of a C++ op's eager fast path.
-PyObject* CallDispatcher(OpObject* op, PyObject* const* converted) {
-  std::vector<c10::IValue> stack;
-  if (!op->boundary->Flatten(converted, stack)) return nullptr;
-  try {
-    {
-      py::gil_scoped_release no_gil;
-      (*op->dispatcher_op)->callBoxed(stack);
-    }
-    py::object out = torch::jit::createPyObjectForStack(std::move(stack));
-    if (op->rebuild_output == nullptr) return out.release().ptr();
-    return PyObject_CallOneArg(op->rebuild_output, out.ptr());
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (...) {
-    torch::translate_exception_to_python(std::current_exception());
-  }
-  return nullptr;
-}
-
-PyObject* CallFallback(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
-                       PyObject* kwnames) {
-  if (op->fallback == nullptr) {
-    PyErr_SetString(PyExc_RuntimeError, "opforge: this op is not fully defined yet.");
-    return nullptr;
-  }
-  const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-  std::vector<PyObject*> full(static_cast<size_t>(nargs + nkw + 1));
-  full[0] = self;
-  for (Py_ssize_t i = 0; i < nargs + nkw; ++i) full[static_cast<size_t>(i + 1)] = args[i];
-  return PyObject_Vectorcall(op->fallback, full.data(), static_cast<size_t>(nargs + 1), kwnames);
-}
-
-PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
-  Boundary* b = op->boundary;
-  if (b == nullptr) return CallFallback(op, self, args, nargs, kwnames);
-  const size_t n = b->num_params();
-  constexpr size_t kSmall = 16;
-  PyObject* small_values[kSmall];
-  PyObject* small_out[kSmall];
-  PyObject* small_tensors[kSmall];
-  std::vector<PyObject*> big_values, big_out, big_tensors;
-  PyObject** values = small_values;
-  PyObject** out = small_out;
-  PyObject** tensors = small_tensors;
-  if (n > kSmall) {
-    big_values.resize(n);
-    big_out.resize(n);
-    values = big_values.data();
-    out = big_out.data();
-  }
-  const size_t nslots = b->num_tensor_slots();
-  if (nslots > kSmall) {
-    big_tensors.resize(nslots);
-    tensors = big_tensors.data();
-  }
-  for (size_t i = 0; i < nslots; ++i) tensors[i] = nullptr;
-  if (!b->Bind(args, nargs, kwnames, values)) return CallFallback(op, self, args, nargs, kwnames);
-  std::vector<PyObject*> keep;
-  if (!b->ConvertAll(values, out, tensors, keep)) {
-    for (PyObject* p : keep) Py_DECREF(p);
-    return nullptr;
-  }
-  struct Release {
-    PyObject** items;
-    size_t n;
-    std::vector<PyObject*>& keep;
-    ~Release() {
-      for (size_t i = 0; i < n; ++i) Py_DECREF(items[i]);
-      for (PyObject* p : keep) Py_DECREF(p);
-    }
-  } release{out, n, keep};
-
-  c10::DeviceType device = c10::DeviceType::CPU;
-  int mode = FastPathMode(tensors, nslots, &device);
-  PyObject* kernel = nullptr;
-  if (mode >= 0 && op->dispatcher_op->has_value()) {
-    // A C++ op: torch's dispatcher runs its kernels, autograd and version
-    // bumps, as for torch.ops.ns.op, but without Python's flatten. A Python
-    // kernel for the device (register_kernel) runs directly, as for a
-    // Python op.
-    PyObject* python_kernel = mode == 0 ? (*op->kernels)[static_cast<size_t>(device)] : nullptr;
-    if (python_kernel == nullptr) return CallDispatcher(op, out);
-  }
-  if (mode == 0) {
-    kernel = (*op->kernels)[static_cast<size_t>(device)];
-    if (kernel == nullptr) kernel = op->default_kernel;
-    if (kernel == nullptr) mode = -1;
-  }
-  // A call that needs a gradient records the op's node directly (below)
-  // when the op has a backward and a Python body for every device.
-  const bool direct_grad = mode == 1 && op->has_backward && op->bridge != nullptr && op->default_kernel != nullptr;
-  if (mode == 1 && !direct_grad) mode = -1;
-  // Mutated tensors get their version bumped, as the op's ADInplaceOrView
-  // kernel does on the dispatcher path.
-  const bool bump = mode >= 0 && !b->mutated_slots().empty() &&
-                    !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView);
-  if (bump && !c10::InferenceMode::is_enabled()) {
-    // Bumping an inference tensor's version outside inference mode is an
-    // error; let the dispatcher path raise it as it always does.
-    for (int slot : b->mutated_slots()) {
-      if (AnyInference(tensors[slot])) mode = -1;
-    }
-  }
-  if (mode >= 0 && bump) {
-    for (int slot : b->mutated_slots()) BumpVersion(tensors[slot]);
-  }
-  if (mode == 0) {
-    PyObject* result;
-    {
-      // What the dispatcher's autograd step does before calling the kernel.
-      BelowAutograd guard(!b->mutated_slots().empty());
-      result = PyObject_Vectorcall(kernel, out, b->num_positional(), b->body_kwnames());
-    }
-    if (result == nullptr) return nullptr;
-    PyObject* checked = b->CheckReturn(result);
-    Py_DECREF(result);
-    return checked;
-  }
-  if (mode == 1) return CallWithGrad(*op->bridge, op->default_kernel, out, tensors);
-  if (op->dispatch != nullptr) return PyObject_Vectorcall(op->dispatch, out, n, nullptr);
-  return b->Dispatch(op->overload, out);
-}
-
-PyObject* OpCall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
-  auto* op = reinterpret_cast<OpObject*>(self);
-  // Nothing thrown in C++ may reach the interpreter: it would abort.
-  try {
-    return CallOp(op, self, args, PyVectorcall_NARGS(nargsf), kwnames);
-  } catch (const c10::Error& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  }
-  return nullptr;
-}
-
-PyObject* OpNew(PyTypeObject* type, PyObject* /*args*/, PyObject* /*kwargs*/) {
-  auto* op = reinterpret_cast<OpObject*>(type->tp_alloc(type, 0));
-  if (op == nullptr) return nullptr;
-  op->vectorcall = OpCall;
-  op->kernels = new std::array<PyObject*, kNumDeviceTypes>();
-  op->kernels->fill(nullptr);
-  op->dispatcher_op = new std::optional<c10::OperatorHandle>();
-  return reinterpret_cast<PyObject*>(op);
-}
-
-int OpTraverse(PyObject* self, visitproc visit, void* arg) {
-  auto* op = reinterpret_cast<OpObject*>(self);
-  Py_VISIT(op->boundary_obj);
-  Py_VISIT(op->default_kernel);
-  if (op->kernels) {
-    for (PyObject* k : *op->kernels) Py_VISIT(k);
-  }
-  Py_VISIT(op->dispatch);
-  Py_VISIT(op->overload);
-  Py_VISIT(op->autograd);
-  Py_VISIT(op->fallback);
-  Py_VISIT(op->rebuild_output);
-  return 0;
-}
-
-int OpClear(PyObject* self) {
-  auto* op = reinterpret_cast<OpObject*>(self);
-  op->boundary = nullptr;
-  Py_CLEAR(op->boundary_obj);
-  Py_CLEAR(op->default_kernel);
-  if (op->kernels) {
-    for (PyObject*& k : *op->kernels) Py_CLEAR(k);
-  }
-  Py_CLEAR(op->dispatch);
-  Py_CLEAR(op->overload);
-  op->bridge = nullptr;
-  Py_CLEAR(op->autograd);
-  Py_CLEAR(op->fallback);
-  Py_CLEAR(op->rebuild_output);
-  return 0;
-}
-
-void OpDealloc(PyObject* self) {
-  auto* op = reinterpret_cast<OpObject*>(self);
-  PyObject_GC_UnTrack(self);
-  OpClear(self);
-  delete op->kernels;
-  op->kernels = nullptr;
-  delete op->dispatcher_op;
-  op->dispatcher_op = nullptr;
-  Py_TYPE(self)->tp_free(self);
-}
-
-c10::DeviceType ParseDeviceType(PyObject* name) {
-  const char* text = PyUnicode_AsUTF8(name);
-  if (text == nullptr) throw py::error_already_set();
-  return c10::Device(text).type();
-}
-
-// The op's autograd bridge, or None.
-void SetBridge(OpObject* op, PyObject* bridge) {
-  GradBridge* b = AsGradBridge(bridge);
-  Py_XSETREF(op->autograd, b == nullptr ? nullptr : Py_NewRef(bridge));
-  op->bridge = b;
-}
-
-// _bind(boundary, default_kernel, kernels, dispatch, autograd, fallback, has_backward);
-// dispatch None: the boundary flattens the call for self.overload.
-PyObject* OpBind(PyObject* self, PyObject* args) {
-  auto* op = reinterpret_cast<OpObject*>(self);
-  PyObject *boundary, *default_kernel, *kernels, *dispatch, *autograd, *fallback;
-  int has_backward;
-  if (!PyArg_ParseTuple(args, "OOO!OOOp", &boundary, &default_kernel, &PyDict_Type, &kernels, &dispatch,
-                        &autograd, &fallback, &has_backward)) {
-    return nullptr;
-  }
-  try {
-    Boundary* b = py::cast<Boundary*>(py::handle(boundary));
-    Py_XSETREF(op->boundary_obj, Py_NewRef(boundary));
-    op->boundary = b;
-    Py_XSETREF(op->default_kernel, default_kernel == Py_None ? nullptr : Py_NewRef(default_kernel));
-    for (PyObject*& k : *op->kernels) Py_CLEAR(k);
-    PyObject *key, *value;
-    Py_ssize_t pos = 0;
-    while (PyDict_Next(kernels, &pos, &key, &value)) {
-      Py_XSETREF((*op->kernels)[static_cast<size_t>(ParseDeviceType(key))], Py_NewRef(value));
-    }
-    if (dispatch == Py_None) {
-      PyObject* overload = PyObject_GetAttrString(self, "overload");
-      if (overload == nullptr) return nullptr;
-      Py_XSETREF(op->overload, overload);
-      Py_CLEAR(op->dispatch);
-    } else {
-      Py_XSETREF(op->dispatch, Py_NewRef(dispatch));
-    }
-    SetBridge(op, autograd);
-    Py_XSETREF(op->fallback, Py_NewRef(fallback));
-    op->has_backward = has_backward != 0;
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
-    return nullptr;
-  }
-  Py_RETURN_NONE;
-}
-
-PyObject* OpSetKernel(PyObject* self, PyObject* args) {
-  auto* op = reinterpret_cast<OpObject*>(self);
-  PyObject *device, *kernel;
-  if (!PyArg_ParseTuple(args, "OO", &device, &kernel)) return nullptr;
-  if (device == Py_None) {
-    Py_XSETREF(op->default_kernel, Py_NewRef(kernel));
-    Py_RETURN_NONE;
-  }
-  try {
-    Py_XSETREF((*op->kernels)[static_cast<size_t>(ParseDeviceType(device))], Py_NewRef(kernel));
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
-    return nullptr;
-  }
-  Py_RETURN_NONE;
-}
-
-PyObject* OpSetBackward(PyObject* self, PyObject* arg) {
-  reinterpret_cast<OpObject*>(self)->has_backward = PyObject_IsTrue(arg) == 1;
-  Py_RETURN_NONE;
-}
-
-PyObject* OpSetAutograd(PyObject* self, PyObject* bridge) {
-  try {
-    SetBridge(reinterpret_cast<OpObject*>(self), bridge);
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_TypeError, e.what());
-    return nullptr;
-  }
-  Py_RETURN_NONE;
-}
-
-PyObject* OpFastCheck(PyObject* /*self*/, PyObject* tensors) {
-  if (!PyTuple_Check(tensors)) {
-    PyErr_SetString(PyExc_TypeError, "_fast_check takes a tuple of tensor leaves");
-    return nullptr;
-  }
-  c10::DeviceType device;
-  const int mode =
-      FastPathMode(PySequence_Fast_ITEMS(tensors), static_cast<size_t>(PyTuple_GET_SIZE(tensors)), &device);
-  return PyLong_FromLong(mode);
-}
-
-// _set_dispatcher_op(qualified_name, rebuild_output or None)
-PyObject* OpSetDispatcherOp(PyObject* self, PyObject* args) {
-  auto* op = reinterpret_cast<OpObject*>(self);
-  const char* name;
-  PyObject* rebuild;
-  if (!PyArg_ParseTuple(args, "sO", &name, &rebuild)) return nullptr;
-  auto handle = c10::Dispatcher::singleton().findSchema({name, ""});
-  if (!handle) {
-    PyErr_Format(PyExc_LookupError, "%s is not registered with torch's dispatcher", name);
-    return nullptr;
-  }
-  *op->dispatcher_op = *handle;
-  Py_XSETREF(op->rebuild_output, rebuild == Py_None ? nullptr : Py_NewRef(rebuild));
-  Py_RETURN_NONE;
-}
-
-PyMethodDef kOpMethods[] = {
-    {"_set_dispatcher_op", OpSetDispatcherOp, METH_VARARGS,
-     "_set_dispatcher_op(name, rebuild_output): eager calls go to torch's dispatcher from C (C++ ops)."},
-    {"_bind", OpBind, METH_VARARGS,
-     "_bind(boundary, default_kernel, kernels, dispatch, autograd, fallback, has_backward)"},
-    {"_set_has_backward", OpSetBackward, METH_O, "Whether eager calls that need a gradient take the bridge."},
-    {"_set_kernel", OpSetKernel, METH_VARARGS, "_set_kernel(device_type or None, kernel)"},
-    {"_set_autograd", OpSetAutograd, METH_O,
-     "_set_autograd(bridge or None): the op's _C.AutogradBridge."},
-    {"_fast_check", OpFastCheck, METH_O,
-     "_fast_check(tensors) -> -1 (dispatcher path), 0 (run the body), 1 (a gradient is needed)."},
-    {nullptr, nullptr, 0, nullptr}};
-
-PyTypeObject OpType = [] {
-  PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
-  t.tp_name = "opforge._C.OpBase";
-  t.tp_basicsize = sizeof(OpObject);
-  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_VECTORCALL;
-  t.tp_doc = "The C part of an opforge op: its call boundary and eager fast path.";
-  t.tp_new = OpNew;
-  t.tp_dealloc = OpDealloc;
-  t.tp_traverse = OpTraverse;
-  t.tp_clear = OpClear;
-  t.tp_call = PyVectorcall_Call;
-  t.tp_vectorcall_offset = offsetof(OpObject, vectorcall);
-  t.tp_methods = kOpMethods;
-  return t;
-}();
-
-// A subclass that defines __call__ in Python gets slot_tp_call from
-// CPython. Dynamo reads __call__ from the class dict and traces it; eager
-// calls should take the C entry instead, which runs the same boundary.
-void InstallFastCall(py::handle cls) {
-  if (!PyType_Check(cls.ptr()) ||
-      !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(cls.ptr()), &OpType)) {
-    throw py::type_error("install_fast_call needs a subclass of opforge._C.OpBase");
-  }
-  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
-  type->tp_vectorcall_offset = offsetof(OpObject, vectorcall);
-  type->tp_call = PyVectorcall_Call;
-  type->tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL;
-  PyType_Modified(type);
-}
-
-}  // namespace
-
 void InitBoundary(py::module_& m) {
-  if (PyType_Ready(&OpType) < 0) throw py::error_already_set();
-  Py_INCREF(&OpType);
-  m.add_object("OpBase", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&OpType)));
-  m.def("install_fast_call", &InstallFastCall, py::arg("cls"),
-        "Makes eager calls of instances of `cls` (an OpBase subclass) take the C entry.");
-
   py::class_<Boundary, std::shared_ptr<Boundary>>(m, "Boundary")
       .def(py::init([](const std::string& op, const LoweredOp& lowered, const std::string& definable_schema,
                        py::list params, py::object empty, py::dict classes, py::dict enum_values,
@@ -1569,12 +865,6 @@ void InitBoundary(py::module_& m) {
       .def_property_readonly("num_tensor_slots", &Boundary::num_tensor_slots)
       .def_property_readonly("mutated_slots", &Boundary::mutated_slots);
 
-  m.def("set_fast_path_enabled", [](bool enabled) {
-    bool previous = g_enabled;
-    g_enabled = enabled;
-    return previous;
-  }, py::arg("enabled"), "Turns the eager fast path on or off for every op; returns the previous setting.");
-  m.def("fast_path_enabled", [] { return g_enabled; });
 }
 
 }  // namespace opforge

@@ -6,9 +6,10 @@
 //   b.convert((x, Cfg(2, True)), {})  # (x, Cfg(scale=2.0, causal=True))
 //   b.check_return(out)                # out, converted like a return of the schema
 //
-// One Boundary serves every path: the eager fast path (OpObject below), the
-// dispatcher path (the generated Python calls convert/check_return), and the
-// autograd bridge, so they cannot disagree.
+// One Boundary serves every path: the eager fast path (op_object.cc), the
+// dispatcher path (the generated Python calls convert/check_return), the
+// op's dispatcher kernel (kernel.cc) and the autograd bridge (autograd.cc),
+// so they cannot disagree.
 #pragma once
 
 #include <Python.h>
@@ -16,6 +17,7 @@
 #include <pybind11/stl.h>
 
 #include <ATen/core/function_schema.h>
+#include <ATen/core/ivalue.h>
 #include <c10/util/SmallVector.h>
 
 #include <array>
@@ -24,35 +26,10 @@
 #include <string>
 #include <vector>
 
-#include "torch/autograd_kernels.h"
 #include "core/spec.h"
+#include "python/leaf_rule.h"
 
 namespace opforge {
-
-// How one flat leaf is checked and converted, derived from its torch type.
-struct LeafRule {
-  enum class Kind : uint8_t {
-    kTensor,
-    kInt,
-    kFloat,
-    kBool,
-    kStr,
-    kScalar,
-    kScalarType,
-    kLayout,
-    kMemoryFormat,
-    kDevice,
-    kGenerator,
-    kList,
-    kOther,
-  };
-  Kind kind = Kind::kOther;
-  bool optional = false;
-  c10::TypePtr type;  // the non-optional torch type
-  std::optional<int32_t> N;
-  std::string expected;  // "an int (SymInt)", for messages
-  std::shared_ptr<LeafRule> element;  // kList
-};
 
 // Python references released at scope exit (with the GIL held there).
 struct Owned {
@@ -106,13 +83,13 @@ struct Node {
   pybind11::object cls;       // kStruct/kEnum/kHandle
   pybind11::object by_value;  // kEnum: raw value -> member
   pybind11::object allowed;   // kLiteral: frozenset of values
-  std::string allowed_repr;   // kLiteral: the values in declaration order, for errors
+  std::string allowed_repr;   // kLiteral, kEnum: the values or members in declaration order, for errors
   std::vector<pybind11::object> field_names;  // kStruct, interned
   pybind11::object kwnames;  // kStruct: tuple of field names, for construction
   std::vector<Node> children;  // kStruct
   bool cacheable = false;      // kStruct: only immutable scalar leaves below
   bool has_tensor_slots = false;  // kStruct: a tensor leaf somewhere below
-  std::string qual;               // kStruct: the class's qualified name, for errors
+  std::string qual;               // kStruct, kEnum: the class's qualified name, for errors
   std::shared_ptr<StructCache> cache;  // kStruct at the top, when cacheable
 };
 
@@ -173,22 +150,43 @@ class Boundary {
   PyObject* PresentArgument(size_t index, const c10::IValue& value) const;
   PyObject* PresentReturn(size_t index, const c10::IValue& value) const;
 
+  // A parameter's original value from a dispatcher call's flat leaves, as
+  // the body receives it (structs and enums rebuilt, handles resolved): a new
+  // reference, or null with an error set. `owned` keeps the leaves it made.
+  PyObject* Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, Owned& owned);
+  // Every parameter's, as a tuple.
+  PyObject* RebuildArgs(c10::ArrayRef<c10::IValue> args);
+
+  // The original output from the flat return values (struct returns
+  // rebuilt), and the flat values of an original output (new references in
+  // `flat`). Null / false with an error set.
+  PyObject* RebuildOutput(PyObject* const* flat);
+  bool FlattenOutput(PyObject* output, PyObject** flat);
+  // Whether every original return is a leaf: the flat output is the output.
+  bool leaf_returns() const { return leaf_returns_; }
+
   // Python-facing helpers.
   pybind11::tuple ConvertCall(pybind11::args args, pybind11::kwargs kwargs);
   pybind11::list FlatDefaults();
   void CheckDefaults();
 
+  // What a converted value is, for messages.
+  enum class Context { kArgument, kDefault, kReturn };
+
  private:
-  PyObject* Convert(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep,
-                    const char* context);
-  PyObject* ConvertStruct(Node& node, PyObject* obj, PyObject** tensors,
-                          std::vector<PyObject*>& keep, const char* context);
+  PyObject* Convert(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep, Context ctx);
+  PyObject* ConvertStruct(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep,
+                          Context ctx);
+  // One enum member or Literal value (kEnum, kLiteral).
+  PyObject* ConvertChoice(const Node& node, PyObject* item, Context ctx);
   PyObject* ConvertReturnNode(Node& node, PyObject* obj);
   // The flat leaves of converted values, borrowed from them or from `owned`
   // (new references: enum values, handles). False with an error set.
   bool FlattenLeaves(PyObject* const* converted, PyObject** leaves, std::vector<PyObject*>& owned);
   bool FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, std::vector<PyObject*>& owned);
+  bool FlattenReturn(const Node& node, PyObject* value, PyObject** flat);
   PyObject* RebuildReturn(const Node& node, PyObject* const* flat);
+  PyObject* Leaf(c10::ArrayRef<c10::IValue> args, size_t index, Owned& owned);
   Node BuildParam(const MappingNode& m, const LoweredOp& lowered, const c10::FunctionSchema& flat,
                   const Location& where, pybind11::dict classes, pybind11::dict enum_values,
                   pybind11::dict handle_classes, bool top);
@@ -206,6 +204,8 @@ class Boundary {
   pybind11::object body_kwnames_;
   pybind11::object handle_check_;
   pybind11::object handle_for_;  // opforge.handles.handle_for, loaded when a handle is first flattened
+  pybind11::object resolve_;     // opforge.handles.resolve, loaded when a handle is first rebuilt
+  bool leaf_returns_ = true;
   pybind11::object flat_kwnames_;  // the keyword-only flat arguments' names, or null
   size_t num_flat_positional_ = 0;
   bool duck_structs_ = false;
@@ -214,14 +214,7 @@ class Boundary {
   std::vector<LeafRule> return_rules_;    // per flat return
 };
 
-// Whether the eager fast path may run for these tensor leaves:
-// -1 dispatcher path, 0 run the body, 1 a gradient is needed.
-int FastPathMode(PyObject* const* tensors, size_t n, c10::DeviceType* device);
-
+// _C.Boundary.
 void InitBoundary(pybind11::module_& m);
-
-// _C.register_kernel(boundary, fn, dispatch_key): the op's kernel for the
-// dispatcher (kernel.cc).
-void InitKernels(pybind11::module_& m);
 
 }  // namespace opforge

@@ -20,8 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "boundary.h"
-#include "torch/autograd_kernels.h"
+#include "python/boundary.h"
 
 namespace py = pybind11;
 
@@ -135,14 +134,6 @@ void LeafIndices(const Node& node, std::vector<int>& out) {
   for (const Node& child : node.children) LeafIndices(child, out);
 }
 
-bool HasHandles(const Node& node) {
-  if (node.kind == Node::Kind::kHandle) return true;
-  for (const Node& child : node.children) {
-    if (HasHandles(child)) return true;
-  }
-  return false;
-}
-
 // One op's kernel for one dispatch key. `fn` may be replaced (register_kernel again).
 class OpKernel : public c10::OperatorKernel {
  public:
@@ -154,9 +145,6 @@ class OpKernel : public c10::OperatorKernel {
 
  private:
   PyObject* Call(c10::ArrayRef<c10::IValue> args);
-  PyObject* Leaf(c10::ArrayRef<c10::IValue> args, size_t index, Owned& owned);
-  PyObject* Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, Owned& owned);
-  bool Flatten(const Node& node, PyObject* value, PyObject** flat);
   void Push(PyObject* checked, torch::jit::Stack* stack);
 
   std::shared_ptr<Boundary> boundary_;
@@ -164,15 +152,11 @@ class OpKernel : public c10::OperatorKernel {
   std::vector<std::unique_ptr<RebuildCache>> caches_;  // per parameter: an all-scalar struct's cache
   std::vector<std::vector<int>> cache_keys_;          // per parameter: the leaves its cache keys on
   std::vector<c10::TypePtr> return_types_;
-  PyObject* resolve_ = nullptr;  // opforge.handles.resolve, for ops with runner handles
-  bool leaf_returns_ = true;
 };
 
 OpKernel::OpKernel(std::shared_ptr<Boundary> boundary, PyObject* fn)
     : boundary_(std::move(boundary)), fn_(Py_NewRef(fn)) {
-  bool handles = false;
   for (const Node& param : boundary_->params()) {
-    handles = handles || HasHandles(param);
     std::vector<int> key;
     if (param.kind == Node::Kind::kStruct && param.cacheable) {
       LeafIndices(param, key);
@@ -182,13 +166,6 @@ OpKernel::OpKernel(std::shared_ptr<Boundary> boundary, PyObject* fn)
     }
     cache_keys_.push_back(std::move(key));
   }
-  if (handles) {
-    py::object module = py::module_::import("opforge.handles");
-    resolve_ = py::object(module.attr("resolve")).release().ptr();
-  }
-  for (const Node& ret : boundary_->returns()) {
-    if (ret.kind == Node::Kind::kStruct) leaf_returns_ = false;
-  }
   for (const auto& ret : boundary_->flat().returns()) return_types_.push_back(ret.real_type());
 }
 
@@ -196,84 +173,8 @@ OpKernel::~OpKernel() {
   if (!Py_IsInitialized()) return;
   py::gil_scoped_acquire gil;
   caches_.clear();
-  Py_CLEAR(resolve_);
   Py_CLEAR(fn_);
   boundary_.reset();
-}
-
-PyObject* OpKernel::Leaf(c10::ArrayRef<c10::IValue> args, size_t index, Owned& owned) {
-  const c10::IValue& v = args[index];
-  PyObject* out = v.isTensor() ? THPVariable_Wrap(v.toTensor()) : boundary_->PresentArgument(index, v);
-  if (out != nullptr) owned.items.push_back(out);
-  return out;
-}
-
-PyObject* OpKernel::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, Owned& owned) {
-  switch (node.kind) {
-    case Node::Kind::kLeaf:
-    case Node::Kind::kLiteral:
-      return Py_XNewRef(Leaf(args, static_cast<size_t>(node.leaf_index), owned));
-    case Node::Kind::kEnum: {
-      PyObject* value = Leaf(args, static_cast<size_t>(node.leaf_index), owned);
-      if (value == nullptr) return nullptr;
-      if (value == Py_None) return Py_NewRef(Py_None);
-      auto member = [&](PyObject* raw) -> PyObject* {
-        PyObject* m = PyDict_GetItemWithError(node.by_value.ptr(), raw);
-        if (m == nullptr && !PyErr_Occurred()) {
-          PyErr_Format(PyExc_ValueError, "%s: %s: %R is not a value of the enum.", boundary_->op().c_str(),
-                       node.where.Text().c_str(), raw);
-        }
-        return Py_XNewRef(m);
-      };
-      if (!node.is_list) return member(value);
-      const Py_ssize_t n = PyList_GET_SIZE(value);
-      PyObject* out = PyList_New(n);
-      for (Py_ssize_t i = 0; out != nullptr && i < n; ++i) {
-        PyObject* m = member(PyList_GET_ITEM(value, i));
-        if (m == nullptr) {
-          Py_CLEAR(out);
-        } else {
-          PyList_SET_ITEM(out, i, m);
-        }
-      }
-      return out;
-    }
-    case Node::Kind::kHandle: {
-      PyObject* value = Leaf(args, static_cast<size_t>(node.leaf_index), owned);
-      if (value == nullptr) return nullptr;
-      if (value == Py_None) return Py_NewRef(Py_None);
-      py::str at(boundary_->op() + ": " + node.where.Text());
-      PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
-      return PyObject_Vectorcall(resolve_, call_args, 3, nullptr);
-    }
-    case Node::Kind::kStruct: {
-      if (node.optional && !args[static_cast<size_t>(node.presence_index)].toBool()) return Py_NewRef(Py_None);
-      Owned fields;
-      fields.items.reserve(node.children.size());
-      for (const Node& child : node.children) {
-        PyObject* value = Rebuild(child, args, owned);
-        if (value == nullptr) return nullptr;
-        fields.items.push_back(value);
-      }
-      return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
-    }
-  }
-  return nullptr;
-}
-
-bool OpKernel::Flatten(const Node& node, PyObject* value, PyObject** flat) {
-  if (node.kind != Node::Kind::kStruct) {
-    Py_XSETREF(flat[node.leaf_index], Py_NewRef(value));
-    return true;
-  }
-  for (size_t i = 0; i < node.children.size(); ++i) {
-    PyObject* field = PyObject_GetAttr(value, node.field_names[i].ptr());
-    if (field == nullptr) return false;
-    const bool ok = Flatten(node.children[i], field, flat);
-    Py_DECREF(field);
-    if (!ok) return false;
-  }
-  return true;
 }
 
 // The body's checked output for these leaves: a new reference, or null with an error set.
@@ -286,7 +187,7 @@ PyObject* OpKernel::Call(c10::ArrayRef<c10::IValue> args) {
   for (size_t p = 0; p < np; ++p) {
     const Node& param = params[p];
     if (param.kind == Node::Kind::kLeaf || param.kind == Node::Kind::kLiteral) {
-      originals[p] = Leaf(args, static_cast<size_t>(param.leaf_index), owned);
+      originals[p] = owned.Add(boundary_->Rebuild(param, args, owned));
       if (originals[p] == nullptr) return nullptr;
       continue;
     }
@@ -303,7 +204,7 @@ PyObject* OpKernel::Call(c10::ArrayRef<c10::IValue> args) {
       if (value == nullptr && cache != nullptr) value = cache->Find(hash, key);
     }
     if (value == nullptr) {
-      value = Rebuild(param, args, owned);
+      value = boundary_->Rebuild(param, args, owned);
       if (value == nullptr) return nullptr;
       owned.items.push_back(value);
       if (cache != nullptr) cache->Store(hash, key, value);
@@ -323,13 +224,9 @@ void OpKernel::Push(PyObject* checked, torch::jit::Stack* stack) {
   const size_t nflat = return_types_.size();
   Owned flat;
   PyObject* const* values = &checked;
-  if (!leaf_returns_) {
+  if (!boundary_->leaf_returns()) {
     flat.items.assign(nflat, nullptr);
-    const auto& returns = boundary_->returns();
-    for (size_t r = 0; r < returns.size(); ++r) {
-      PyObject* value = returns.size() == 1 ? checked : PyTuple_GET_ITEM(checked, static_cast<Py_ssize_t>(r));
-      if (!Flatten(returns[r], value, flat.items.data())) throw python_error();
-    }
+    if (!boundary_->FlattenOutput(checked, flat.items.data())) throw python_error();
     values = flat.items.data();
   } else if (nflat > 1) {
     values = PySequence_Fast_ITEMS(checked);

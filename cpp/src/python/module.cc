@@ -27,6 +27,7 @@ namespace py = pybind11;
 namespace opforge {
 
 void InitBoundary(py::module_& m);
+void InitOpObject(py::module_& m);
 void InitAutograd(py::module_& m);
 void InitKernels(py::module_& m);
 
@@ -379,6 +380,7 @@ PYBIND11_MODULE(_C, m) {
   });
 
   InitBoundary(m);
+  InitOpObject(m);
 
   py::class_<KernelRegistration>(m, "KernelRegistration");
   m.def("register_no_backward_kernel",

@@ -1,0 +1,502 @@
+// OpBase, the C part of every opforge op (op_object.h): its eager call
+// binds and converts the arguments with the op's Boundary, then takes one
+// route, chosen once per call by ChooseRoute.
+#include "python/op_object.h"
+
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <array>
+#include <optional>
+#include <vector>
+
+#include "python/autograd.h"
+#include "python/boundary.h"
+#include "torch/autograd_kernels.h"
+
+namespace py = pybind11;
+
+namespace opforge {
+namespace {
+
+bool g_enabled = true;
+
+constexpr int kNumDeviceTypes = static_cast<int>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES);
+
+// Tensor functionalities that some dispatch key would act on before the
+// kernel: subclasses living in Python, functionalization, functorch wrappers,
+// lazy conjugation/negation, sparse, nested and quantized tensors.
+constexpr c10::DispatchKeySet kIntercepting({
+    c10::DispatchKey::Python,
+    c10::DispatchKey::PythonTLSSnapshot,
+    c10::DispatchKey::Functionalize,
+    c10::DispatchKey::FuncTorchBatched,
+    c10::DispatchKey::FuncTorchGradWrapper,
+    c10::DispatchKey::BatchedNestedTensor,
+    c10::DispatchKey::Conjugate,
+    c10::DispatchKey::Negative,
+    c10::DispatchKey::ZeroTensor,
+    c10::DispatchKey::Sparse,
+    c10::DispatchKey::SparseCsr,
+    c10::DispatchKey::NestedTensor,
+    c10::DispatchKey::Quantized,
+});
+
+bool PlainDevice(c10::DeviceType type) {
+  switch (type) {
+    case c10::DeviceType::CPU:
+    case c10::DeviceType::CUDA:
+    case c10::DeviceType::HIP:
+    case c10::DeviceType::XPU:
+    case c10::DeviceType::MPS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+struct CheckState {
+  bool any_tensor = false;
+  bool requires_grad = false;
+  c10::DeviceType device = c10::DeviceType::CPU;
+};
+
+bool CheckTensor(PyObject* obj, CheckState& st, int depth) {
+  if (obj == nullptr || obj == Py_None) return true;
+  if (THPVariable_CheckExact(obj)) {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (!t.defined()) return true;
+    const c10::DispatchKeySet ks = t.key_set();
+    if (ks.has_any(kIntercepting)) return false;
+    // Only dense tensors: MKLDNN and other layouts have kernels of their own.
+    if (!ks.has(c10::DispatchKey::Dense)) return false;
+    const c10::DeviceType device = t.device().type();
+    if (!PlainDevice(device)) return false;
+    if (st.any_tensor && device != st.device) return false;
+    st.any_tensor = true;
+    st.device = device;
+    // A tensor without autograd metadata cannot require grad; asking it
+    // directly is a call into c10 per tensor.
+    if (!st.requires_grad && t.unsafeGetTensorImpl()->autograd_meta() != nullptr) {
+      st.requires_grad = t.requires_grad();
+    }
+    return true;
+  }
+  if (depth == 0 && (PyList_CheckExact(obj) || PyTuple_CheckExact(obj))) {
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+    PyObject** items = PySequence_Fast_ITEMS(obj);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (!CheckTensor(items[i], st, depth + 1)) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+bool AnyInference(PyObject* obj) {
+  if (obj == nullptr || obj == Py_None) return false;
+  if (THPVariable_Check(obj)) {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    return t.defined() && t.is_inference();
+  }
+  if (PyList_Check(obj) || PyTuple_Check(obj)) {
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (AnyInference(PySequence_Fast_ITEMS(obj)[i])) return true;
+    }
+  }
+  return false;
+}
+
+void BumpVersion(PyObject* obj) {
+  if (obj == nullptr || obj == Py_None) return;
+  if (THPVariable_Check(obj)) {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (t.defined()) torch::autograd::impl::bump_version(t);
+  } else if (PyList_Check(obj) || PyTuple_Check(obj)) {
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+    for (Py_ssize_t i = 0; i < n; ++i) BumpVersion(PySequence_Fast_ITEMS(obj)[i]);
+  }
+}
+
+}  // namespace
+
+int FastPathMode(PyObject* const* tensors, size_t n, c10::DeviceType* device) {
+  if (!g_enabled) return -1;
+  const auto tls = c10::impl::tls_local_dispatch_key_set();
+  if (tls.included_.remove(c10::DispatchKey::ADInplaceOrView) !=
+      c10::DispatchKeySet(c10::DispatchKey::BackendSelect)) {
+    return -1;  // tracing, functorch, python dispatcher, ...
+  }
+  if (!tls.excluded_.isSupersetOf(c10::default_excluded_set)) return -1;  // autocast
+  const bool below_autograd = tls.excluded_.isSupersetOf(c10::autograd_dispatch_keyset);
+  const auto other_excluded =
+      tls.excluded_ - c10::default_excluded_set - c10::autograd_dispatch_keyset_with_ADInplaceOrView;
+  if (!other_excluded.empty()) return -1;
+  // A TorchDispatchMode includes the Python key in the TLS set checked above.
+  if (at::impl::torch_function_mode_enabled()) return -1;
+  // Profiler and record_function observers: ask as the dispatcher does for
+  // each call (a thread-local cache; at::hasCallbacks() takes a mutex).
+  if (at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION).has_value()) return -1;
+  CheckState st;
+  for (size_t i = 0; i < n; ++i) {
+    if (!CheckTensor(tensors[i], st, 0)) return -1;
+  }
+  if (!st.any_tensor) return -1;
+  *device = st.device;
+  return st.requires_grad && !below_autograd && c10::GradMode::is_enabled() ? 1 : 0;
+}
+
+namespace {
+
+struct OpObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* boundary_obj;  // the Python Boundary, owning `boundary`
+  Boundary* boundary;
+  PyObject* default_kernel;                   // the body for every device, or null
+  std::array<PyObject*, kNumDeviceTypes> kernels;  // per device type: a body (register_kernel), or null
+  PyObject* overload;  // the op's OpOverload
+  PyObject* autograd;  // the op's _C.AutogradBridge, or null
+  GradBridge* bridge;  // the bridge inside `autograd`
+  PyObject* fallback;  // the class's Python __call__, for what the boundary cannot bind
+  bool has_backward;   // eager calls that need a gradient may take the bridge
+  // Ops whose kernels torch calls (C++ libraries): the eager path calls the
+  // dispatcher from here, as torch.ops would, without the Python flatten.
+  c10::OperatorHandle* dispatcher_op;
+  PyObject* rebuild_output;  // flat returns -> struct returns, or null when all are leaves
+};
+
+// How one eager call runs.
+enum class Route {
+  kDispatcher,     // the generated Python flattens the call for torch's dispatcher
+  kCppDispatcher,  // a C++ op: the dispatcher from C, without Python's flatten
+  kBody,           // the body runs directly
+  kBodyWithGrad,   // the body runs directly and the op's graph node is recorded
+};
+
+// The route of a call whose converted tensor leaves are `tensors`; `kernel`
+// gets the body a kBody or kBodyWithGrad route runs.
+Route ChooseRoute(OpObject* op, PyObject** tensors, PyObject** kernel) {
+  const Boundary& b = *op->boundary;
+  c10::DeviceType device = c10::DeviceType::CPU;
+  const int mode = FastPathMode(tensors, b.num_tensor_slots(), &device);
+  if (mode < 0) return Route::kDispatcher;
+  // A Python kernel for the device (register_kernel) runs directly, as for a
+  // Python op; a C++ op's kernels, autograd and version bumps are torch's.
+  *kernel = mode == 0 ? op->kernels[static_cast<size_t>(device)] : nullptr;
+  if (*kernel == nullptr && op->dispatcher_op != nullptr) return Route::kCppDispatcher;
+  if (mode == 0 && *kernel == nullptr) *kernel = op->default_kernel;
+  if (mode == 1) {
+    // Recorded directly when the op has a backward and one body for every device.
+    if (!op->has_backward || op->bridge == nullptr || op->default_kernel == nullptr) return Route::kDispatcher;
+    *kernel = op->default_kernel;
+  }
+  if (*kernel == nullptr) return Route::kDispatcher;
+  // Mutated tensors get their version bumped here, as the op's ADInplaceOrView
+  // kernel does on the dispatcher path; bumping an inference tensor's version
+  // outside inference mode is an error, which the dispatcher path raises.
+  if (!b.mutated_slots().empty() && !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) {
+    if (!c10::InferenceMode::is_enabled()) {
+      for (int slot : b.mutated_slots()) {
+        if (AnyInference(tensors[slot])) return Route::kDispatcher;
+      }
+    }
+    for (int slot : b.mutated_slots()) BumpVersion(tensors[slot]);
+  }
+  return mode == 1 ? Route::kBodyWithGrad : Route::kBody;
+}
+
+// A C++ op's call through the dispatcher, from C.
+PyObject* CallDispatcher(OpObject* op, PyObject* const* converted) {
+  std::vector<c10::IValue> stack;
+  if (!op->boundary->Flatten(converted, stack)) return nullptr;
+  try {
+    {
+      py::gil_scoped_release no_gil;
+      op->dispatcher_op->callBoxed(stack);
+    }
+    py::object out = torch::jit::createPyObjectForStack(std::move(stack));
+    if (op->rebuild_output == nullptr) return out.release().ptr();
+    return PyObject_CallOneArg(op->rebuild_output, out.ptr());
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+  }
+  return nullptr;
+}
+
+PyObject* CallFallback(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  if (op->fallback == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "opforge: this op is not fully defined yet.");
+    return nullptr;
+  }
+  const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  std::vector<PyObject*> full(static_cast<size_t>(nargs + nkw + 1));
+  full[0] = self;
+  for (Py_ssize_t i = 0; i < nargs + nkw; ++i) full[static_cast<size_t>(i + 1)] = args[i];
+  return PyObject_Vectorcall(op->fallback, full.data(), static_cast<size_t>(nargs + 1), kwnames);
+}
+
+PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  Boundary* b = op->boundary;
+  if (b == nullptr) return CallFallback(op, self, args, nargs, kwnames);
+  const size_t n = b->num_params();
+  const size_t nslots = b->num_tensor_slots();
+  c10::SmallVector<PyObject*, 16> values(n), out(n), tensors(nslots, nullptr);
+  if (!b->Bind(args, nargs, kwnames, values.data())) return CallFallback(op, self, args, nargs, kwnames);
+  std::vector<PyObject*> keep;
+  const bool converted = b->ConvertAll(values.data(), out.data(), tensors.data(), keep);
+  struct Release {
+    c10::SmallVector<PyObject*, 16>& items;
+    std::vector<PyObject*>& keep;
+    bool converted;
+    ~Release() {
+      if (converted) {
+        for (PyObject* p : items) Py_DECREF(p);
+      }
+      for (PyObject* p : keep) Py_DECREF(p);
+    }
+  } release{out, keep, converted};
+  if (!converted) return nullptr;
+
+  PyObject* kernel = nullptr;
+  switch (ChooseRoute(op, tensors.data(), &kernel)) {
+    case Route::kCppDispatcher:
+      return CallDispatcher(op, out.data());
+    case Route::kBody: {
+      PyObject* result;
+      {
+        // What the dispatcher's autograd step does before calling the kernel.
+        BelowAutograd guard(!b->mutated_slots().empty());
+        result = PyObject_Vectorcall(kernel, out.data(), b->num_positional(), b->body_kwnames());
+      }
+      if (result == nullptr) return nullptr;
+      PyObject* checked = b->CheckReturn(result);
+      Py_DECREF(result);
+      return checked;
+    }
+    case Route::kBodyWithGrad:
+      return CallWithGrad(*op->bridge, kernel, out.data(), tensors.data());
+    case Route::kDispatcher:
+      break;
+  }
+  return b->Dispatch(op->overload, out.data());
+}
+
+PyObject* OpCall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* op = reinterpret_cast<OpObject*>(self);
+  // Nothing thrown in C++ may reach the interpreter: it would abort.
+  try {
+    return CallOp(op, self, args, PyVectorcall_NARGS(nargsf), kwnames);
+  } catch (const c10::Error& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  }
+  return nullptr;
+}
+
+PyObject* OpNew(PyTypeObject* type, PyObject* /*args*/, PyObject* /*kwargs*/) {
+  auto* op = reinterpret_cast<OpObject*>(type->tp_alloc(type, 0));  // zeroed
+  if (op != nullptr) op->vectorcall = OpCall;
+  return reinterpret_cast<PyObject*>(op);
+}
+
+int OpTraverse(PyObject* self, visitproc visit, void* arg) {
+  auto* op = reinterpret_cast<OpObject*>(self);
+  Py_VISIT(op->boundary_obj);
+  Py_VISIT(op->default_kernel);
+  for (PyObject* k : op->kernels) Py_VISIT(k);
+  Py_VISIT(op->overload);
+  Py_VISIT(op->autograd);
+  Py_VISIT(op->fallback);
+  Py_VISIT(op->rebuild_output);
+  return 0;
+}
+
+int OpClear(PyObject* self) {
+  auto* op = reinterpret_cast<OpObject*>(self);
+  op->boundary = nullptr;
+  Py_CLEAR(op->boundary_obj);
+  Py_CLEAR(op->default_kernel);
+  for (PyObject*& k : op->kernels) Py_CLEAR(k);
+  Py_CLEAR(op->overload);
+  op->bridge = nullptr;
+  Py_CLEAR(op->autograd);
+  Py_CLEAR(op->fallback);
+  Py_CLEAR(op->rebuild_output);
+  return 0;
+}
+
+void OpDealloc(PyObject* self) {
+  auto* op = reinterpret_cast<OpObject*>(self);
+  PyObject_GC_UnTrack(self);
+  OpClear(self);
+  delete op->dispatcher_op;
+  op->dispatcher_op = nullptr;
+  Py_TYPE(self)->tp_free(self);
+}
+
+c10::DeviceType ParseDeviceType(PyObject* name) {
+  const char* text = PyUnicode_AsUTF8(name);
+  if (text == nullptr) throw py::error_already_set();
+  return c10::Device(text).type();
+}
+
+// Runs `f`, turning a C++ exception into `exc` with its message.
+template <class F>
+PyObject* Guarded(PyObject* exc, F&& f) {
+  try {
+    f();
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (const std::exception& e) {
+    PyErr_SetString(exc, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+// _bind(boundary, default_kernel, kernels, fallback)
+PyObject* OpBind(PyObject* self, PyObject* args) {
+  auto* op = reinterpret_cast<OpObject*>(self);
+  PyObject *boundary, *default_kernel, *kernels, *fallback;
+  if (!PyArg_ParseTuple(args, "OOO!O", &boundary, &default_kernel, &PyDict_Type, &kernels, &fallback)) return nullptr;
+  return Guarded(PyExc_ValueError, [&] {
+    op->boundary = py::cast<Boundary*>(py::handle(boundary));
+    Py_XSETREF(op->boundary_obj, Py_NewRef(boundary));
+    Py_XSETREF(op->default_kernel, default_kernel == Py_None ? nullptr : Py_NewRef(default_kernel));
+    for (PyObject*& k : op->kernels) Py_CLEAR(k);
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(kernels, &pos, &key, &value)) {
+      Py_XSETREF(op->kernels[static_cast<size_t>(ParseDeviceType(key))], Py_NewRef(value));
+    }
+    PyObject* overload = PyObject_GetAttrString(self, "overload");
+    if (overload == nullptr) throw py::error_already_set();
+    Py_XSETREF(op->overload, overload);
+    Py_XSETREF(op->fallback, Py_NewRef(fallback));
+  });
+}
+
+PyObject* OpSetKernel(PyObject* self, PyObject* args) {
+  auto* op = reinterpret_cast<OpObject*>(self);
+  PyObject *device, *kernel;
+  if (!PyArg_ParseTuple(args, "OO", &device, &kernel)) return nullptr;
+  return Guarded(PyExc_ValueError, [&] {
+    PyObject*& slot = device == Py_None ? op->default_kernel : op->kernels[static_cast<size_t>(ParseDeviceType(device))];
+    Py_XSETREF(slot, Py_NewRef(kernel));
+  });
+}
+
+PyObject* OpSetBackward(PyObject* self, PyObject* arg) {
+  reinterpret_cast<OpObject*>(self)->has_backward = PyObject_IsTrue(arg) == 1;
+  Py_RETURN_NONE;
+}
+
+PyObject* OpSetAutograd(PyObject* self, PyObject* bridge) {
+  auto* op = reinterpret_cast<OpObject*>(self);
+  return Guarded(PyExc_TypeError, [&] {
+    GradBridge* b = AsGradBridge(bridge);
+    Py_XSETREF(op->autograd, b == nullptr ? nullptr : Py_NewRef(bridge));
+    op->bridge = b;
+  });
+}
+
+PyObject* OpFastCheck(PyObject* /*self*/, PyObject* tensors) {
+  if (!PyTuple_Check(tensors)) {
+    PyErr_SetString(PyExc_TypeError, "_fast_check takes a tuple of tensor leaves");
+    return nullptr;
+  }
+  c10::DeviceType device;
+  const int mode =
+      FastPathMode(PySequence_Fast_ITEMS(tensors), static_cast<size_t>(PyTuple_GET_SIZE(tensors)), &device);
+  return PyLong_FromLong(mode);
+}
+
+// _set_dispatcher_op(qualified_name, rebuild_output or None)
+PyObject* OpSetDispatcherOp(PyObject* self, PyObject* args) {
+  auto* op = reinterpret_cast<OpObject*>(self);
+  const char* name;
+  PyObject* rebuild;
+  if (!PyArg_ParseTuple(args, "sO", &name, &rebuild)) return nullptr;
+  auto handle = c10::Dispatcher::singleton().findSchema({name, ""});
+  if (!handle) {
+    PyErr_Format(PyExc_LookupError, "%s is not registered with torch's dispatcher", name);
+    return nullptr;
+  }
+  delete op->dispatcher_op;
+  op->dispatcher_op = new c10::OperatorHandle(*handle);
+  Py_XSETREF(op->rebuild_output, rebuild == Py_None ? nullptr : Py_NewRef(rebuild));
+  Py_RETURN_NONE;
+}
+
+PyMethodDef kOpMethods[] = {
+    {"_set_dispatcher_op", OpSetDispatcherOp, METH_VARARGS,
+     "_set_dispatcher_op(name, rebuild_output): eager calls go to torch's dispatcher from C (C++ ops)."},
+    {"_bind", OpBind, METH_VARARGS, "_bind(boundary, default_kernel, kernels, fallback)"},
+    {"_set_has_backward", OpSetBackward, METH_O, "Whether eager calls that need a gradient take the bridge."},
+    {"_set_kernel", OpSetKernel, METH_VARARGS, "_set_kernel(device_type or None, kernel)"},
+    {"_set_autograd", OpSetAutograd, METH_O, "_set_autograd(bridge or None): the op's _C.AutogradBridge."},
+    {"_fast_check", OpFastCheck, METH_O,
+     "_fast_check(tensors) -> -1 (dispatcher path), 0 (run the body), 1 (a gradient is needed)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject OpType = [] {
+  PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+  t.tp_name = "opforge._C.OpBase";
+  t.tp_basicsize = sizeof(OpObject);
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_VECTORCALL;
+  t.tp_doc = "The C part of an opforge op: its call boundary and eager fast path.";
+  t.tp_new = OpNew;
+  t.tp_dealloc = OpDealloc;
+  t.tp_traverse = OpTraverse;
+  t.tp_clear = OpClear;
+  t.tp_call = PyVectorcall_Call;
+  t.tp_vectorcall_offset = offsetof(OpObject, vectorcall);
+  t.tp_methods = kOpMethods;
+  return t;
+}();
+
+// A subclass that defines __call__ in Python gets slot_tp_call from
+// CPython. Dynamo reads __call__ from the class dict and traces it; eager
+// calls should take the C entry instead, which runs the same boundary.
+void InstallFastCall(py::handle cls) {
+  if (!PyType_Check(cls.ptr()) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(cls.ptr()), &OpType)) {
+    throw py::type_error("install_fast_call needs a subclass of opforge._C.OpBase");
+  }
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  type->tp_vectorcall_offset = offsetof(OpObject, vectorcall);
+  type->tp_call = PyVectorcall_Call;
+  type->tp_flags |= Py_TPFLAGS_HAVE_VECTORCALL;
+  PyType_Modified(type);
+}
+
+}  // namespace
+
+void InitOpObject(py::module_& m) {
+  if (PyType_Ready(&OpType) < 0) throw py::error_already_set();
+  Py_INCREF(&OpType);
+  m.add_object("OpBase", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&OpType)));
+  m.def("install_fast_call", &InstallFastCall, py::arg("cls"),
+        "Makes eager calls of instances of `cls` (an OpBase subclass) take the C entry.");
+  m.def("set_fast_path_enabled", [](bool enabled) {
+    bool previous = g_enabled;
+    g_enabled = enabled;
+    return previous;
+  }, py::arg("enabled"), "Turns the eager fast path on or off for every op; returns the previous setting.");
+}
+
+}  // namespace opforge
