@@ -29,7 +29,6 @@ from ._codegen import EMPTY, Builder, Leaf, OpCode, Param
 from ._types import Problem, Registrations, Resolver, SignatureError, TypeInfo, Where
 
 _REGISTERED: dict[str, "OpDef"] = {}
-_AFTER_ADINPLACE = _torch_C._after_ADInplaceOrView_keyset
 
 
 class OpDef(_C.OpBase):
@@ -229,8 +228,9 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
         if plan is not None:
             _install_triton_decomposition(opdef, plan)
         _register_fake(lib, name, _lazy_fake_kernel(opdef._code, _fake_dispatch(name, state)))
-        if model.lowered.flat.arguments and any(leaf.mutated for leaf in model.leaves):
-            _install_version_bump(opdef, [i for i, leaf in enumerate(model.leaves) if leaf.mutated])
+        if any(leaf.mutated for leaf in model.leaves):
+            # Versions of what the op writes are bumped, as custom_op does.
+            opdef._registrations["ADInplaceOrView"] = _C.register_inplace_kernel(name)
         if backward is not None:
             _install_autograd(opdef, backward, setup_context)
         else:
@@ -703,26 +703,6 @@ def _install_kernels(opdef: OpDef, devices: list[str], fn: Callable) -> None:
     # The direct autograd path only knows the default body.
     opdef._device_kernels = True
     opdef._set_has_backward(False)
-
-
-def _install_version_bump(opdef: OpDef, mutated: list[int]) -> None:
-    """Mutated tensors get their version counter bumped, as custom_op does."""
-    overload = opdef.overload
-    code = opdef._code
-    ns, opname = opdef.name.split("::")
-
-    def adinplaceorview(keyset, *args, **kwargs):
-        all_leaves = code.flat_full(*args, **kwargs)
-        for i in mutated:
-            t = all_leaves[i]
-            if t is None:
-                continue
-            for x in t if isinstance(t, (list, tuple)) else (t,):
-                if x is not None:
-                    torch.autograd.graph.increment_version(x)
-        return overload.redispatch(keyset & _AFTER_ADINPLACE, *args, **kwargs)
-
-    opdef._lib.impl(opname, adinplaceorview, "ADInplaceOrView", with_keyset=True)
 
 
 def _install_autograd(opdef: OpDef, backward: Callable, setup_context: Callable | None) -> None:

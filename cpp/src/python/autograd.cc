@@ -32,6 +32,7 @@
 #include "torch/autograd_kernels.h"
 #include "torch/cpp_autograd.h"
 #include "torch/nodes.h"
+#include "torch/registration.h"
 
 namespace py = pybind11;
 
@@ -1044,28 +1045,6 @@ class AutogradKernel : public c10::OperatorKernel {
   std::shared_ptr<GradBridge> bridge_;
 };
 
-// Keeps the Autograd kernels registered for as long as it lives.
-class BridgeRegistration : public KernelRegistration {
- public:
-  explicit BridgeRegistration(std::unique_ptr<torch::Library> lib) : lib_(std::move(lib)) {}
-
- private:
-  std::unique_ptr<torch::Library> lib_;
-};
-
-std::unique_ptr<KernelRegistration> RegisterBridge(const std::shared_ptr<GradBridge>& bridge) {
-  const std::string& qualname = bridge->op();
-  const size_t sep = qualname.find("::");
-  auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, qualname.substr(0, sep), std::nullopt,
-                                              __FILE__, __LINE__);
-  const std::string name = qualname.substr(sep + 2);
-  for (c10::DispatchKey key : detail::AutogradRuntimeKeys()) {
-    lib->impl(name.c_str(), torch::dispatch(key, torch::CppFunction::makeFromBoxedFunctor(
-                                                     std::make_unique<AutogradKernel>(bridge))));
-  }
-  return std::make_unique<BridgeRegistration>(std::move(lib));
-}
-
 }  // namespace
 
 GradBridge* AsGradBridge(PyObject* obj) {
@@ -1081,7 +1060,12 @@ void InitAutograd(py::module_& m) {
       .def(py::init([](py::handle opdef) { return std::make_shared<GradBridge>(opdef); }), py::arg("opdef"),
            "The autograd bridge of an op: reads opdef.name, .boundary, ._state (backward, setup_context) "
            "and ._code.")
-      .def("register", [](const std::shared_ptr<GradBridge>& b) { return RegisterBridge(b); },
+      .def("register",
+           [](const std::shared_ptr<GradBridge>& b) {
+             return RegisterBoxed(b->op(), detail::AutogradRuntimeKeys(), [&] {
+               return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<AutogradKernel>(b));
+             });
+           },
            "Registers the op's Autograd kernel (every runtime autograd key); it stays while the result lives.");
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "python/boundary.h"
+#include "torch/registration.h"
 
 namespace py = pybind11;
 
@@ -255,12 +256,13 @@ void OpKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, to
 // Keeps an op's kernel registered for one dispatch key while it lives.
 class KernelHandle {
  public:
-  KernelHandle(std::unique_ptr<torch::Library> lib, OpKernel* kernel) : lib_(std::move(lib)), kernel_(kernel) {}
+  KernelHandle(std::unique_ptr<KernelRegistration> registration, OpKernel* kernel)
+      : registration_(std::move(registration)), kernel_(kernel) {}
   void SetFn(py::handle fn) { kernel_->SetFn(fn.ptr()); }
 
  private:
-  std::unique_ptr<torch::Library> lib_;
-  OpKernel* kernel_;  // owned by the dispatcher while lib_ lives
+  std::unique_ptr<KernelRegistration> registration_;
+  OpKernel* kernel_;  // owned by the dispatcher while registration_ lives
 };
 
 }  // namespace
@@ -272,14 +274,13 @@ void InitKernels(py::module_& m) {
   m.def(
       "register_kernel",
       [](std::shared_ptr<Boundary> boundary, py::handle fn, const std::string& key) {
-        const std::string& qualname = boundary->op();
-        const size_t sep = qualname.find("::");
-        auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, qualname.substr(0, sep),
-                                                    c10::parseDispatchKey(key), __FILE__, __LINE__);
-        auto kernel = std::make_unique<OpKernel>(std::move(boundary), fn.ptr());
-        OpKernel* raw = kernel.get();
-        lib->impl(qualname.substr(sep + 2).c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(kernel)));
-        return std::make_unique<KernelHandle>(std::move(lib), raw);
+        OpKernel* raw = nullptr;
+        auto registration = RegisterBoxed(boundary->op(), {c10::parseDispatchKey(key)}, [&] {
+          auto kernel = std::make_unique<OpKernel>(boundary, fn.ptr());
+          raw = kernel.get();
+          return torch::CppFunction::makeFromBoxedFunctor(std::move(kernel));
+        });
+        return std::make_unique<KernelHandle>(std::move(registration), raw);
       },
       py::arg("boundary"), py::arg("fn"), py::arg("dispatch_key"),
       "Registers the op's kernel for `dispatch_key`: flat leaves in, `fn` called with the original arguments.");

@@ -13,8 +13,8 @@
 #include <string>
 #include <unordered_map>
 
-#include "torch/autograd_kernels.h"
 #include "core/libraries.h"
+#include "torch/autograd_kernels.h"
 #include "torch/ivalues.h"
 #include "torch/nodes.h"
 
@@ -92,16 +92,13 @@ class NoBackwardKernel : public c10::OperatorKernel {
   bool mutates_;  // the op writes an argument: its ADInplaceOrView kernel bumps versions
 };
 
-class LibraryRegistration : public KernelRegistration {
- public:
-  explicit LibraryRegistration(std::unique_ptr<torch::Library> lib) : lib_(std::move(lib)) {}
-
- private:
-  std::unique_ptr<torch::Library> lib_;
-};
-
 // Bumps the version of every tensor the op writes (`Tensor(a!)`), as torch's
-// own in-place ops do, so autograd sees a saved tensor was modified.
+// own in-place ops do, so autograd sees a saved tensor was modified. For an
+// op of a C++ library (kCppLibrary) the kernel runs below ADInplaceOrView and
+// inference tensors are skipped, as a TORCH_LIBRARY op (which bumps nothing)
+// writes them; a Python op's body bumps what its own in-place ops write, and
+// an inference tensor outside inference mode is torch's error.
+template <bool kCppLibrary>
 void InplaceKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto& args = op.schema().arguments();
   std::vector<at::Tensor> written;
@@ -113,12 +110,14 @@ void InplaceKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
       });
     }
   }
-  {
+  if constexpr (kCppLibrary) {
     at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
+  } else {
     op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
   }
   for (const auto& t : written) {
-    if (!t.is_inference()) torch::autograd::increment_version(t);
+    if (!kCppLibrary || !t.is_inference()) torch::autograd::increment_version(t);
   }
 }
 
@@ -130,7 +129,7 @@ void WireStableAutograd(const LibraryOp& op);  // stable_autograd.cc
 
 namespace {
 
-// Kernels the torch layer gives the ops of C++ libraries (LibraryOp), by op.
+// The no-backward kernels the torch layer gives the ops of C++ libraries, by op.
 std::mutex& LibraryKernelsMutex() {
   static std::mutex mu;
   return mu;
@@ -138,10 +137,6 @@ std::mutex& LibraryKernelsMutex() {
 std::unordered_map<std::string, std::unique_ptr<KernelRegistration>>& NoBackwardKernels() {
   static auto* kernels = new std::unordered_map<std::string, std::unique_ptr<KernelRegistration>>();
   return *kernels;
-}
-std::vector<std::unique_ptr<torch::Library>>& InplaceKernels() {
-  static auto* libs = new std::vector<std::unique_ptr<torch::Library>>();
-  return *libs;
 }
 
 bool HasAutogradKernel(const c10::OperatorHandle& op) {
@@ -163,23 +158,19 @@ void OnLibraryOp(const LibraryOp& lib_op) {
   for (const auto& arg : schema.arguments()) {
     mutates = mutates || (arg.alias_info() && arg.alias_info()->isWrite());
   }
-  const size_t sep = lib_op.name.find("::");
-  const std::string ns = lib_op.name.substr(0, sep);
-  const std::string name = lib_op.name.substr(sep + 2);
   std::lock_guard<std::mutex> lock(LibraryKernelsMutex());
   if (mutates && !op->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView)) {
-    auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt, __FILE__, __LINE__);
-    lib->impl(name.c_str(), torch::dispatch(c10::DispatchKey::ADInplaceOrView,
-                                            torch::CppFunction::makeFromBoxedFunction<&InplaceKernel>()));
-    InplaceKernels().push_back(std::move(lib));
+    KeepForever(RegisterBoxed(lib_op.name, {c10::DispatchKey::ADInplaceOrView},
+                              [] { return torch::CppFunction::makeFromBoxedFunction<&InplaceKernel<true>>(); }));
   }
   if (lib_op.torch_layer_autograd != nullptr) {
     detail::WireStableAutograd(lib_op);
   } else if (!lib_op.has_cpp_autograd && !HasAutogradKernel(*op)) {
+    std::string dotted = lib_op.name;
+    dotted.replace(dotted.find("::"), 2, ".");
     const std::string message =
         lib_op.name + ": a gradient was requested through this op, but it has no backward. Declare one in C++ "
-        "(m.def(...).autograd<G>()) or from Python (opforge.ops." + ns + "." + name +
-        ".register_autograd(backward)).";
+        "(m.def(...).autograd<G>()) or from Python (opforge.ops." + dotted + ".register_autograd(backward)).";
     NoBackwardKernels()[lib_op.name] = RegisterNoBackwardKernel(lib_op.name, message);
   }
 }
@@ -201,16 +192,15 @@ bool DropNoBackwardKernel(const std::string& qualname) {
 
 std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname,
                                                              const std::string& message) {
-  const size_t sep = qualname.find("::");
-  const std::string ns = qualname.substr(0, sep);
-  const std::string name = qualname.substr(sep + 2);
   const bool mutates = c10::Dispatcher::singleton().findSchemaOrThrow(qualname.c_str(), "").schema().is_mutable();
-  auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt,
-                                              __FILE__, __LINE__);
-  lib->impl(name.c_str(), torch::dispatch(c10::DispatchKey::Autograd,
-                                          torch::CppFunction::makeFromBoxedFunctor(
-                                              std::make_unique<NoBackwardKernel>(message, mutates))));
-  return std::make_unique<LibraryRegistration>(std::move(lib));
+  return RegisterBoxed(qualname, {c10::DispatchKey::Autograd}, [&] {
+    return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<NoBackwardKernel>(message, mutates));
+  });
+}
+
+std::unique_ptr<KernelRegistration> RegisterInplaceKernel(const std::string& qualname) {
+  return RegisterBoxed(qualname, {c10::DispatchKey::ADInplaceOrView},
+                       [] { return torch::CppFunction::makeFromBoxedFunction<&InplaceKernel<false>>(); });
 }
 
 }  // namespace opforge

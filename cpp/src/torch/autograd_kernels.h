@@ -9,13 +9,9 @@
 #include <optional>
 #include <string>
 
-namespace opforge {
+#include "torch/registration.h"
 
-// Keeps a kernel registered for as long as it lives.
-class KernelRegistration {
- public:
-  virtual ~KernelRegistration() = default;
-};
+namespace opforge {
 
 // For ops without a backward: runs the op below autograd and, when an input
 // requires grad, gives the outputs a grad_fn that raises a clear error if a
@@ -49,6 +45,13 @@ class BelowAutograd {
 // (its ADInplaceOrView kernel bumps versions), as torch's autograd fallback does.
 void RedispatchBelowAutograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
                              bool mutates);
+
+// The ADInplaceOrView kernel of a Python op that writes arguments
+// (`Tensor(a!)`): bumps their versions as custom_op's does, an inference
+// tensor outside inference mode being torch's error. (An op of a C++ library
+// gets its own when its block commits, which skips inference tensors as a
+// TORCH_LIBRARY op that bumps nothing would.)
+std::unique_ptr<KernelRegistration> RegisterInplaceKernel(const std::string& qualname);
 
 // Drops the no-backward kernel the torch layer gave an op of a C++ library,
 // so that a backward registered from Python can take its place. False when

@@ -178,12 +178,10 @@ void PrepareAutogradOp(const std::string& qualified, std::optional<size_t> num_p
   }
 }
 
-void RegisterAutogradKernel(torch::Library& lib, const std::string& qualified, const AutogradOp* op) {
-  const std::string name = qualified.substr(qualified.find("::") + 2);
-  for (c10::DispatchKey key : AutogradRuntimeKeys()) {
-    lib.impl(name.c_str(),
-             torch::dispatch(key, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedAutogradKernel>(op))));
-  }
+std::unique_ptr<KernelRegistration> RegisterAutogradKernel(const std::string& qualified, const AutogradOp* op) {
+  return RegisterBoxed(qualified, AutogradRuntimeKeys(), [op] {
+    return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<BoxedAutogradKernel>(op));
+  });
 }
 
 }  // namespace detail

@@ -4,15 +4,16 @@
 
 #include <torch/library.h>
 
+#include <memory>
 #include <string>
-#include <vector>
 
 #include "opforge/backward.h"
+#include "torch/registration.h"
 
 namespace opforge::detail {
 
-// Registers the boxed Autograd kernel of `op` in `lib` (a stable-ABI op's;
-// the C++ API mode registers its typed one, opforge/backward.h).
-void RegisterAutogradKernel(torch::Library& lib, const std::string& qualified, const AutogradOp* op);
+// Registers the boxed Autograd kernel of `op` (a stable-ABI op's; the C++ API
+// mode registers its typed one, opforge/backward.h).
+std::unique_ptr<KernelRegistration> RegisterAutogradKernel(const std::string& qualified, const AutogradOp* op);
 
 }  // namespace opforge::detail

@@ -11,7 +11,6 @@
 
 #include <cstring>
 #include <memory>
-#include <mutex>
 
 #include "core/libraries.h"
 #include "opforge/abi.h"
@@ -196,15 +195,6 @@ std::vector<at::Tensor> Backward(AutogradContext& ctx, const AutogradOp& op, std
   return result;
 }
 
-std::mutex& Mutex() {
-  static std::mutex mu;
-  return mu;
-}
-std::vector<std::unique_ptr<torch::Library>>& Libraries() {
-  static auto* libs = new std::vector<std::unique_ptr<torch::Library>>();
-  return *libs;
-}
-
 }  // namespace
 
 // Wires a stable-ABI op's C++ backward (LibraryOp::torch_layer_autograd).
@@ -216,12 +206,7 @@ void WireStableAutograd(const LibraryOp& lib_op) {
   op->setup = &Setup;
   op->backward = &Backward;
   op->descriptor = lib_op.torch_layer_autograd;
-  const size_t sep = lib_op.name.find("::");
-  std::lock_guard<std::mutex> lock(Mutex());
-  auto lib = std::make_unique<torch::Library>(torch::Library::FRAGMENT, lib_op.name.substr(0, sep), std::nullopt,
-                                              __FILE__, __LINE__);
-  RegisterAutogradKernel(*lib, lib_op.name, op);
-  Libraries().push_back(std::move(lib));
+  KeepForever(RegisterAutogradKernel(lib_op.name, op));
 }
 
 }  // namespace opforge::detail
