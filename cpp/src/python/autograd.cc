@@ -41,75 +41,6 @@ namespace {
 
 using torch::autograd::Variable;
 using torch::autograd::variable_list;
-using OptionalVariables = std::vector<std::optional<Variable>>;
-using ImplSet = std::unordered_set<at::TensorImpl*>;
-
-// _wrap_outputs' parameters differ between torch releases: newer ones take
-// `pure_view`, and from 2.14 an out-parameter naming the node that took the
-// outputs, for node-creation hooks. The overload that compiles is taken.
-template <int N>
-struct Priority : Priority<N - 1> {};
-template <>
-struct Priority<0> {};
-
-struct WrapArgs {
-  const ImplSet& non_differentiable;
-  const ImplSet& dirty;
-  at::ArrayRef<std::optional<Variable>> raw;
-  const NodePtr& node;
-  const torch::autograd::_jvp_fn_t& jvp;
-  const ImplSet& to_save_if_setup_context;
-  const torch::autograd::_view_as_self_fn_t& view_as_self;
-};
-
-template <class V>
-auto Wrap(Priority<2>, const V& inputs, const WrapArgs& a, NodePtr& attached)
-    -> decltype(torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
-                                               a.to_save_if_setup_context, a.view_as_self, false, attached)) {
-  return torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
-                                        a.to_save_if_setup_context, a.view_as_self, false, attached);
-}
-
-template <class V>
-auto Wrap(Priority<1>, const V& inputs, const WrapArgs& a, NodePtr&)
-    -> decltype(torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
-                                               a.to_save_if_setup_context, a.view_as_self, false)) {
-  return torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
-                                        a.to_save_if_setup_context, a.view_as_self, false);
-}
-
-template <class V>
-auto Wrap(Priority<0>, const V& inputs, const WrapArgs& a, NodePtr&)
-    -> decltype(torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
-                                               a.to_save_if_setup_context, a.view_as_self)) {
-  return torch::autograd::_wrap_outputs(inputs, a.non_differentiable, a.dirty, a.raw, a.node, a.jvp,
-                                        a.to_save_if_setup_context, a.view_as_self);
-}
-
-// torch 2.14+ runs node-creation hooks once a node has its saved variables
-// (found through the node's namespace, where it exists).
-template <class P>
-auto FireCreationHooks(Priority<1>, const P& node) -> decltype(fire_node_creation_hooks(node)) {
-  return fire_node_creation_hooks(node);
-}
-
-template <class P>
-void FireCreationHooks(Priority<0>, const P&) {}
-
-// The outputs wrapped with `node` as their grad_fn; `attached` names the
-// node that took them where torch says so.
-OptionalVariables WrapOutputs(const variable_list& inputs, const ImplSet& non_differentiable, const ImplSet& dirty,
-                              const OptionalVariables& raw, const NodePtr& node, NodePtr& attached) {
-  const torch::autograd::_jvp_fn_t jvp = [](const variable_list&, const variable_list&) -> variable_list {
-    TORCH_CHECK(false, "opforge ops do not support forward-mode AD (jvp).");
-  };
-  const torch::autograd::_view_as_self_fn_t view_as_self = [](const at::Tensor& x) { return x.view_as(x); };
-  // Empty: setup_context runs inside the forward, as an autograd.Function
-  // whose forward takes ctx, so an input returned as-is may be saved.
-  const ImplSet to_save_if_setup_context;
-  return Wrap(Priority<2>{}, inputs,
-              WrapArgs{non_differentiable, dirty, raw, node, jvp, to_save_if_setup_context, view_as_self}, attached);
-}
 
 [[noreturn]] void ThrowPython() {
   python_error err;
@@ -134,8 +65,6 @@ const Names& N() {
   static const Names* names = new Names();
   return *names;
 }
-
-std::string TypeName(PyObject* obj) { return obj == Py_None ? "None" : Py_TYPE(obj)->tp_name; }
 
 // opforge._codegen's error classes, which are RuntimeErrors as torch.autograd's are.
 PyObject* ErrorClass(const char* name) {
@@ -186,8 +115,9 @@ class GradBridge : public std::enable_shared_from_this<GradBridge> {
   // replace them): new references, setup_context null when None.
   PyObject* Backward() const;
   PyObject* SetupContext() const;
-  // A generated helper of the op's code (flatten_grads, rebuild_output, ...): a new reference.
-  PyObject* Helper(PyObject* name) const;
+  // The op's generated flatten_grads (struct gradients -> one per flat
+  // argument): a new reference.
+  PyObject* FlattenGrads() const;
 
  private:
   void AddLeaves(const Node& node, size_t param);
@@ -225,19 +155,10 @@ GradBridge::GradBridge(py::handle opdef) {
   // Tensor slots are numbered in flat order, so leaves_ is in slot order once sorted.
   std::sort(leaves_.begin(), leaves_.end(),
             [](const TensorLeaf& a, const TensorLeaf& b) { return a.flat_index < b.flat_index; });
-  for (const auto& ret : boundary_->flat().returns()) {
-    c10::TypePtr type = ret.real_type();
-    if (auto opt = type->cast<c10::OptionalType>()) type = opt->getElementType();
-    if (type->kind() == c10::TypeKind::TensorType) {
-      returns_.push_back(ReturnKind::kTensor);
-    } else if (auto list = type->cast<c10::ListType>()) {
-      c10::TypePtr element = list->getElementType();
-      if (auto opt = element->cast<c10::OptionalType>()) element = opt->getElementType();
-      returns_.push_back(element->kind() == c10::TypeKind::TensorType ? ReturnKind::kTensorList
-                                                                      : ReturnKind::kOther);
-    } else {
-      returns_.push_back(ReturnKind::kOther);
-    }
+  for (const LeafRule& rule : boundary_->return_rules()) {
+    returns_.push_back(!HoldsTensors(rule)                 ? ReturnKind::kOther
+                       : rule.kind == LeafRule::Kind::kList ? ReturnKind::kTensorList
+                                                             : ReturnKind::kTensor);
   }
 }
 
@@ -272,8 +193,8 @@ PyObject* GradBridge::SetupContext() const {
   return fn;
 }
 
-PyObject* GradBridge::Helper(PyObject* name) const {
-  PyObject* fn = PyObject_GetAttr(code_, name);
+PyObject* GradBridge::FlattenGrads() const {
+  PyObject* fn = PyObject_GetAttr(code_, N().flatten_grads);
   if (fn == nullptr) ThrowPython();
   return fn;
 }
@@ -467,7 +388,7 @@ OptionalVariables OpNode::Finish(const variable_list& inputs, const OptionalVari
       saved_.emplace_back(*t, outputs.count(t->unsafeGetTensorImpl()) > 0);
     }
   }
-  if (attached) FireCreationHooks(Priority<1>{}, attached);
+  if (attached) FireCreationHooks(0, attached);
   return wrapped;
 }
 
@@ -489,52 +410,33 @@ variable_list OpNode::apply(variable_list&& grads) {
     return Py_NewRef(Py_None);
   };
   for (size_t r = 0; r < kinds.size(); ++r) {
-    const int32_t count = return_counts_[r];
     PyObject* value;
     if (kinds[r] == GradBridge::ReturnKind::kTensorList) {
-      value = PyList_New(count);
-      if (value == nullptr) ThrowPython();
-      for (int32_t i = 0; i < count; ++i) {
+      value = owned.Add(PyList_New(return_counts_[r]));
+      for (int32_t i = 0; value != nullptr && i < return_counts_[r]; ++i) {
         PyObject* g = grad_of(entry++);
-        if (g == nullptr) {
-          Py_DECREF(value);
-          ThrowPython();
-        }
+        if (g == nullptr) ThrowPython();
         PyList_SET_ITEM(value, i, g);
       }
-    } else if (kinds[r] == GradBridge::ReturnKind::kTensor) {
-      value = grad_of(entry++);
     } else {
+      value = owned.Add(kinds[r] == GradBridge::ReturnKind::kTensor ? grad_of(entry) : Py_NewRef(Py_None));
       ++entry;
-      value = Py_NewRef(Py_None);
     }
     if (value == nullptr) ThrowPython();
-    flat.push_back(owned.Add(value));
+    flat.push_back(value);
   }
   grads.clear();
   // The gradients in the form of the original returns.
-  c10::SmallVector<PyObject*, 8> args;
-  args.push_back(Ctx());
+  c10::SmallVector<PyObject*, 8> args{Ctx()};
   if (b.leaf_returns()) {
     args.append(flat.begin(), flat.end());
   } else {
-    PyObject* packed;
-    if (flat.size() == 1) {
-      packed = Py_NewRef(flat[0]);
-    } else {
-      packed = PyTuple_New(static_cast<Py_ssize_t>(flat.size()));
-      if (packed == nullptr) ThrowPython();
-      for (size_t i = 0; i < flat.size(); ++i) PyTuple_SET_ITEM(packed, static_cast<Py_ssize_t>(i), Py_NewRef(flat[i]));
-    }
-    owned.Add(packed);
-    PyObject* original = b.boundary().RebuildOutput(flat.data());
+    PyObject* original = owned.Add(b.boundary().RebuildOutput(flat.data()));
     if (original == nullptr) ThrowPython();
-    owned.Add(original);
     if (b.num_original_returns() == 1) {
       args.push_back(original);
     } else {
-      const Py_ssize_t n = PyTuple_GET_SIZE(original);
-      for (Py_ssize_t i = 0; i < n; ++i) args.push_back(PyTuple_GET_ITEM(original, i));
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(original); ++i) args.push_back(PyTuple_GET_ITEM(original, i));
     }
   }
   PyObject* backward = owned.Add(b.Backward());
@@ -562,7 +464,7 @@ variable_list OpNode::apply(variable_list&& grads) {
     }
   }
   if (!simple) {
-    PyObject* flatten = owned.Add(b.Helper(N().flatten_grads));
+    PyObject* flatten = owned.Add(b.FlattenGrads());
     PyObject* per_flat = PyObject_CallOneArg(flatten, result);
     if (per_flat == nullptr) ThrowPython();
     owned.Add(per_flat);
@@ -662,18 +564,11 @@ void CtxDealloc(PyObject* self) {
   Py_TYPE(self)->tp_free(self);
 }
 
-PyObject* CtxSaveForBackward(PyObject* self, PyObject* args) {
-  Py_XSETREF(reinterpret_cast<CtxObject*>(self)->to_save, Py_NewRef(args));
-  Py_RETURN_NONE;
-}
-
-PyObject* CtxMarkDirty(PyObject* self, PyObject* args) {
-  Py_XSETREF(reinterpret_cast<CtxObject*>(self)->dirty, Py_NewRef(args));
-  Py_RETURN_NONE;
-}
-
-PyObject* CtxMarkNonDifferentiable(PyObject* self, PyObject* args) {
-  Py_XSETREF(reinterpret_cast<CtxObject*>(self)->non_differentiable, Py_NewRef(args));
+// save_for_backward, mark_dirty, mark_non_differentiable: each keeps its
+// tensors until the forward ends.
+template <PyObject* CtxObject::*kField>
+PyObject* CtxKeep(PyObject* self, PyObject* args) {
+  Py_XSETREF(reinterpret_cast<CtxObject*>(self)->*kField, Py_NewRef(args));
   Py_RETURN_NONE;
 }
 
@@ -728,10 +623,11 @@ int CtxSetNeedsInputGrad(PyObject* self, PyObject* value, void*) {
 }
 
 PyMethodDef kCtxMethods[] = {
-    {"save_for_backward", CtxSaveForBackward, METH_VARARGS,
+    {"save_for_backward", CtxKeep<&CtxObject::to_save>, METH_VARARGS,
      "save_for_backward(*tensors): tensors for backward, read there as ctx.saved_tensors."},
-    {"mark_dirty", CtxMarkDirty, METH_VARARGS, "mark_dirty(*tensors): inputs the forward modified in place."},
-    {"mark_non_differentiable", CtxMarkNonDifferentiable, METH_VARARGS,
+    {"mark_dirty", CtxKeep<&CtxObject::dirty>, METH_VARARGS,
+     "mark_dirty(*tensors): inputs the forward modified in place."},
+    {"mark_non_differentiable", CtxKeep<&CtxObject::non_differentiable>, METH_VARARGS,
      "mark_non_differentiable(*tensors): outputs that get no gradient."},
     {"set_materialize_grads", CtxSetMaterializeGrads, METH_O,
      "set_materialize_grads(bool): whether backward gets zeros (True, the default) or None for unused outputs."},

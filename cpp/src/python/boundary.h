@@ -136,6 +136,7 @@ class Boundary {
   const std::vector<Node>& params() const { return params_; }
   const std::vector<Node>& returns() const { return returns_; }
   const c10::FunctionSchema& flat() const { return flat_; }
+  const std::vector<LeafRule>& return_rules() const { return return_rules_; }
 
   // The dispatcher path of an eager call: the converted arguments flattened
   // into leaves, `overload` called with them, its output rebuilt in the
