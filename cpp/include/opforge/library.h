@@ -60,54 +60,25 @@ namespace detail {
 // argument type (IntArrayRef for int[], string_view for str, ...).
 
 template <class W>
-struct UnboxedArg {
-  using type = W;
-};
-template <>
-struct UnboxedArg<at::Tensor> {
-  using type = const at::Tensor&;
-};
-template <>
-struct UnboxedArg<std::vector<at::Tensor>> {
-  using type = at::TensorList;
-};
-template <>
-struct UnboxedArg<std::string> {
-  using type = c10::string_view;
-};
-template <>
-struct UnboxedArg<std::vector<int64_t>> {
-  using type = c10::IntArrayRef;
-};
-template <>
-struct UnboxedArg<std::vector<double>> {
-  using type = c10::ArrayRef<double>;
-};
-template <>
-struct UnboxedArg<std::vector<bool>> {
-  using type = const c10::List<bool>&;
-};
-// Handle leaves are SymInt: a graph input under torch.compile (docs/handles.md).
-template <>
-struct UnboxedArg<HandleId> {
-  using type = c10::SymInt;
-};
+struct Tag {};
+// Declarations only: UnboxedArg<W> is the type an overload returns.
 template <class W>
-struct UnboxedArg<std::optional<W>> {
-  using type = std::optional<std::decay_t<typename UnboxedArg<W>::type>>;
-};
-template <>
-struct UnboxedArg<std::optional<at::Tensor>> {
-  using type = const std::optional<at::Tensor>&;
-};
-template <>
-struct UnboxedArg<std::optional<std::vector<at::Tensor>>> {
-  using type = const std::optional<at::TensorList>&;
-};
-template <>
-struct UnboxedArg<std::optional<std::vector<int64_t>>> {
-  using type = at::OptionalIntArrayRef;
-};
+W ArgOf(Tag<W>);  // int, float, bool, ScalarType, Device, Layout, MemoryFormat: itself
+const at::Tensor& ArgOf(Tag<at::Tensor>);
+at::TensorList ArgOf(Tag<std::vector<at::Tensor>>);
+c10::string_view ArgOf(Tag<std::string>);
+c10::IntArrayRef ArgOf(Tag<std::vector<int64_t>>);
+c10::ArrayRef<double> ArgOf(Tag<std::vector<double>>);
+const c10::List<bool>& ArgOf(Tag<std::vector<bool>>);
+c10::SymInt ArgOf(Tag<HandleId>);  // a graph input under torch.compile (docs/handles.md)
+template <class W>
+std::optional<std::decay_t<decltype(ArgOf(Tag<W>{}))>> ArgOf(Tag<std::optional<W>>);
+const std::optional<at::Tensor>& ArgOf(Tag<std::optional<at::Tensor>>);
+const std::optional<at::TensorList>& ArgOf(Tag<std::optional<std::vector<at::Tensor>>>);
+at::OptionalIntArrayRef ArgOf(Tag<std::optional<std::vector<int64_t>>>);
+
+template <class W>
+using UnboxedArg = decltype(ArgOf(Tag<W>{}));
 
 // An unboxed argument as wide type W; a tensor passes through uncopied.
 template <class W, class A>
@@ -139,8 +110,7 @@ struct UnboxedSlots {
 template <class T, bool InOptional = false, class = void>
 struct FlatOf {
   using W = LeafWide<T>;
-  using type =
-      TypeList<typename UnboxedArg<std::conditional_t<InOptional && !IsOptional<W>::value, std::optional<W>, W>>::type>;
+  using type = TypeList<UnboxedArg<std::conditional_t<InOptional && !IsOptional<W>::value, std::optional<W>, W>>>;
 };
 template <class S, bool InOptional>
 struct FlatOf<S, InOptional, std::enable_if_t<kIsStruct<S>>> {

@@ -291,18 +291,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("parse_schema", [](const std::string& text) { return ParseSchema(text); },
         py::arg("text"), "Parses a schema in torch's grammar.");
-  m.def("parse_spec",
-        [](const std::string& text) {
-          ParseOptions options;
-          options.registry = &TypeRegistry::Global();
-          options.allow_default_before_required = true;
-          return ParseSchema(text, options);
-        },
-        py::arg("text"), "Parses an op spec: torch's grammar plus registered structs/enums, Literal, Handle.");
   m.def("print_definable", [](const std::string& text) { return ToDefinableString(ParseSchema(text)); },
         py::arg("text"), "The schema in the form torch's parser reads back (`Tensor!` -> `Tensor(_0!)`).");
-  m.def("print_schema", [](const std::string& text) { return ToString(ParseSchema(text)); },
-        py::arg("text"), "Parses and prints a schema: the same text torch's str(schema) gives.");
   m.def("parse_type",
         [](const std::string& text) {
           ParseOptions options;
@@ -413,7 +403,6 @@ PYBIND11_MODULE(_C, m) {
           return py::reinterpret_borrow<py::object>(static_cast<PyObject*>(payload.get()));
         },
         py::arg("handle"), py::arg("type") = "");
-  m.def("handle_type", [](int64_t handle) { return HandleTable::Global().TypeOf(handle); });
   m.def("handle_release", [](int64_t handle) { return HandleTable::Global().Release(handle); });
   m.def("handle_count", [] { return HandleTable::Global().size(); });
 

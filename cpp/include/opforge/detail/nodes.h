@@ -177,52 +177,30 @@ inline std::string QuotedText(const std::string& v) {
 }
 
 // A field value as schema default text; nullopt where the schema has no form
-// for it (a tensor, a struct, a handle, a device).
-template <class M, class = void>
-struct DefaultText {
-  static std::optional<std::string> Of(const M&) { return std::nullopt; }
-};
-template <>
-struct DefaultText<bool> {
-  static std::optional<std::string> Of(bool v) { return v ? "True" : "False"; }
-};
-template <class I>
-struct DefaultText<I, std::enable_if_t<std::is_same_v<I, int64_t> || std::is_same_v<I, int32_t>>> {
-  static std::optional<std::string> Of(I v) { return std::to_string(static_cast<int64_t>(v)); }
-};
-template <class F>
-struct DefaultText<F, std::enable_if_t<std::is_same_v<F, double> || std::is_same_v<F, float>>> {
-  static std::optional<std::string> Of(F v) { return DoubleText(static_cast<double>(v)); }
-};
-// OPFORGE_ENUM types and torch's ScalarType, Layout, MemoryFormat: their value.
-template <class E>
-struct DefaultText<E, std::enable_if_t<std::is_enum_v<E>>> {
-  static std::optional<std::string> Of(E v) { return std::to_string(static_cast<int64_t>(v)); }
-};
-template <>
-struct DefaultText<std::string> {
-  static std::optional<std::string> Of(const std::string& v) { return QuotedText(v); }
-};
-// A list of numbers or bools: the schema has no defaults for other lists.
-template <class T>
-struct DefaultText<std::vector<T>, std::enable_if_t<std::is_arithmetic_v<T>>> {
-  static std::optional<std::string> Of(const std::vector<T>& v) {
-    std::string out = "[";
-    for (size_t i = 0; i < v.size(); ++i) {
-      const std::optional<std::string> item = DefaultText<T>::Of(v[i]);
-      if (!item) return std::nullopt;
-      out += (i ? ", " : "") + *item;
-    }
-    return out + "]";
-  }
-};
-template <class T>
-struct DefaultText<std::optional<T>> {
-  static std::optional<std::string> Of(const std::optional<T>& v) {
+// for it (a tensor, a struct, a handle, a device, a list of those).
+template <class M>
+std::optional<std::string> DefaultText(const M& v) {
+  if constexpr (std::is_same_v<M, bool>) {
+    return v ? "True" : "False";
+  } else if constexpr (std::is_integral_v<M> || std::is_enum_v<M>) {
+    return std::to_string(static_cast<int64_t>(v));  // OPFORGE_ENUM types, ScalarType, ...: their value
+  } else if constexpr (std::is_floating_point_v<M>) {
+    return DoubleText(static_cast<double>(v));
+  } else if constexpr (std::is_same_v<M, std::string>) {
+    return QuotedText(v);
+  } else if constexpr (IsOptional<M>::value) {
     if (!v) return "None";
-    return DefaultText<T>::Of(*v);
+    return DefaultText(*v);
+  } else if constexpr (IsVector<M>::value) {
+    using T = typename M::value_type;
+    if (!std::is_arithmetic_v<T>) return std::nullopt;  // the schema has list defaults of numbers and bools
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + DefaultText(static_cast<T>(v[i])).value_or("");
+    return out + "]";
+  } else {
+    return std::nullopt;
   }
-};
+}
 
 // ---------------------------------------------------------------------------
 // Declarations: the structs and enums a library's kernels use, in an order
@@ -395,7 +373,7 @@ struct StructNode {
                                                 reinterpret_cast<const char*>(&s));
       if (!probe.Written(offset, sizeof(M))) return std::nullopt;
     }
-    return DefaultText<M>::Of(value);
+    return DefaultText(value);
   }
 
   template <size_t I, bool InOptional, class Reader, size_t... J>
