@@ -191,8 +191,9 @@ std::string KeyName(c10::DispatchKey key);
 class UnstableBackend {
  public:
   UnstableBackend(torch::Library::Kind kind, const char* ns, std::optional<c10::DispatchKey> key,
-                  const char* file, uint32_t line);
-  OpforgeBackendV1 backend();
+                  const char* file, uint32_t line)
+      : lib_(std::make_unique<torch::Library>(kind, ns, key, file, line)) {}
+  OpforgeBackendV1 backend() { return BackendTable(this); }
   // Kernels are made while the block runs and handed over at commit.
   void* Keep(torch::CppFunction* kernel) {
     kernels_.emplace_back(kernel);
@@ -201,18 +202,14 @@ class UnstableBackend {
   // Keeps the registrations for as long as the library is loaded.
   void Finish(bool ok);
 
- private:
-  static char* Def(void* ctx, const char* schema);
-  static char* Impl(void* ctx, const char* op, const char* key, void* kernel);
-  static char* Autograd(void* ctx, const char* qualified, void* registrar);
-  static void Rollback(void* ctx);
-  static void Warn(void* ctx, const char* message);
+  // The C surface's calls (opforge/abi.h): null, or what went wrong.
+  char* Def(const char* schema);
+  char* Impl(const char* op, const char* key, void* kernel);
+  char* Autograd(const char* qualified, void* registrar);
+  void Rollback() { lib_.reset(); }  // a torch::Library undoes its registrations when destroyed
+  void Warn(const char* message);
 
-  torch::Library::Kind kind_;
-  std::string ns_;
-  std::optional<c10::DispatchKey> key_;
-  std::string file_;
-  uint32_t line_;
+ private:
   std::unique_ptr<torch::Library> lib_;
   std::vector<std::unique_ptr<torch::CppFunction>> kernels_;
 };

@@ -3,13 +3,8 @@
 
 #include <c10/core/DispatchKey.h>
 
-#include <cstdlib>
-#include <cstring>
-
 namespace opforge::detail {
 namespace {
-
-char* Message(const std::string& text) { return strdup(text.c_str()); }
 
 template <class F>
 char* Catch(F&& f) {
@@ -38,47 +33,22 @@ std::string KeyName(c10::DeviceType device) {
 
 std::string KeyName(c10::DispatchKey key) { return c10::toString(key); }
 
-UnstableBackend::UnstableBackend(torch::Library::Kind kind, const char* ns, std::optional<c10::DispatchKey> key,
-                                 const char* file, uint32_t line)
-    : kind_(kind), ns_(ns), key_(key), file_(file), line_(line),
-      lib_(std::make_unique<torch::Library>(kind, ns, key, file, line)) {}
-
-OpforgeBackendV1 UnstableBackend::backend() {
-  OpforgeBackendV1 b{};
-  b.ctx = this;
-  b.def = &Def;
-  b.impl = &Impl;
-  b.autograd = &Autograd;
-  b.rollback = &Rollback;
-  b.warn = &Warn;
-  return b;
+char* UnstableBackend::Def(const char* schema) {
+  return Catch([&] { lib_->def(schema); });
 }
 
-char* UnstableBackend::Def(void* ctx, const char* schema) {
-  auto* self = static_cast<UnstableBackend*>(ctx);
-  return Catch([&] { self->lib_->def(schema); });
-}
-
-char* UnstableBackend::Impl(void* ctx, const char* op, const char* key, void* kernel) {
-  auto* self = static_cast<UnstableBackend*>(ctx);
+char* UnstableBackend::Impl(const char* op, const char* key, void* kernel) {
   return Catch([&] {
     auto* fn = static_cast<torch::CppFunction*>(kernel);
-    self->lib_->impl(op, torch::dispatch(c10::parseDispatchKey(key), std::move(*fn)));
+    lib_->impl(op, torch::dispatch(c10::parseDispatchKey(key), std::move(*fn)));
   });
 }
 
-char* UnstableBackend::Autograd(void* ctx, const char* qualified, void* registrar) {
-  auto* self = static_cast<UnstableBackend*>(ctx);
-  return Catch([&] { reinterpret_cast<AutogradRegistrarFn>(registrar)(*self->lib_, qualified); });
+char* UnstableBackend::Autograd(const char* qualified, void* registrar) {
+  return Catch([&] { reinterpret_cast<AutogradRegistrarFn>(registrar)(*lib_, qualified); });
 }
 
-void UnstableBackend::Rollback(void* ctx) {
-  auto* self = static_cast<UnstableBackend*>(ctx);
-  // A torch::Library undoes its registrations when destroyed.
-  self->lib_.reset();
-}
-
-void UnstableBackend::Warn(void* /*ctx*/, const char* message) { TORCH_WARN(message); }
+void UnstableBackend::Warn(const char* message) { TORCH_WARN(message); }
 
 void UnstableBackend::Finish(bool ok) {
   kernels_.clear();

@@ -3,6 +3,7 @@
 // when it ends (opforge/detail/plan.h).
 #pragma once
 
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -31,6 +32,23 @@ const char* DeviceKeyName(DeviceType device) {
 
 template <class Mode, class Backend>
 class LibraryApi;
+
+// A backend's error for the C surface: a message it frees.
+inline char* Message(const std::string& text) { return strdup(text.c_str()); }
+
+// The C surface's table (opforge/abi.h) of a backend B, whose members Def,
+// Impl, Autograd, Rollback and Warn it calls.
+template <class B>
+OpforgeBackendV1 BackendTable(B* backend) {
+  OpforgeBackendV1 t{};
+  t.ctx = backend;
+  t.def = [](void* b, const char* schema) { return static_cast<B*>(b)->Def(schema); };
+  t.impl = [](void* b, const char* op, const char* key, void* kernel) { return static_cast<B*>(b)->Impl(op, key, kernel); };
+  t.autograd = [](void* b, const char* op, void* autograd) { return static_cast<B*>(b)->Autograd(op, autograd); };
+  t.rollback = [](void* b) { static_cast<B*>(b)->Rollback(); };
+  t.warn = [](void* b, const char* message) { static_cast<B*>(b)->Warn(message); };
+  return t;
+}
 
 // Whether T is defined here: a mode's backward header declares its autograd
 // glue, and `.autograd<G>()` without that header is a compile error naming it.

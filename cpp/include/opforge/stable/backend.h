@@ -22,75 +22,54 @@ class StableBackend {
  public:
   StableBackend(const char* ns, const char* impl_key, const char* file, uint32_t line)
       : ns_(ns), impl_key_(impl_key ? impl_key : ""), file_(file), line_(line) {}
-  ~StableBackend() { Reset(); }
+  ~StableBackend() { Rollback(); }
   StableBackend(const StableBackend&) = delete;
   StableBackend& operator=(const StableBackend&) = delete;
 
-  OpforgeBackendV1 backend() {
-    OpforgeBackendV1 b{};
-    b.ctx = this;
-    b.def = &Def;
-    b.impl = &Impl;
-    b.autograd = &Autograd;
-    b.rollback = &Rollback;
-    b.warn = &Warn;
-    return b;
-  }
+  OpforgeBackendV1 backend() { return BackendTable(this); }
   void Finish(bool ok) {
-    if (!ok) Reset();
+    if (!ok) Rollback();
   }
 
- private:
-  static char* Message(const std::string& text) { return strdup(text.c_str()); }
-  static std::string TorchMessage(AOTITorchError code) {
-#if defined(TORCH_VERSION_2_13_0) && TORCH_FEATURE_VERSION >= TORCH_VERSION_2_13_0
-    (void)code;
-    return torch_exception_get_what_without_backtrace();
-#else
-    return "error " + std::to_string(code) + " (torch printed its message above)";
-#endif
-  }
-
-  static char* Def(void* ctx, const char* schema) {
-    auto* self = static_cast<StableBackend*>(ctx);
-    if (self->frag_ == nullptr) {
-      if (aoti_torch_library_init_fragment(self->ns_.c_str(), self->file_.c_str(), self->line_, &self->frag_) !=
-          AOTI_TORCH_SUCCESS) {
-        return Message("cannot create a library fragment");
-      }
+  char* Def(const char* schema) {
+    if (frag_ == nullptr &&
+        aoti_torch_library_init_fragment(ns_.c_str(), file_.c_str(), line_, &frag_) != AOTI_TORCH_SUCCESS) {
+      return Message("cannot create a library fragment");
     }
-    const AOTITorchError code = aoti_torch_library_def(self->frag_, schema);
-    return code == AOTI_TORCH_SUCCESS ? nullptr : Message(TorchMessage(code));
+    return Check(aoti_torch_library_def(frag_, schema));
   }
 
-  static char* Impl(void* ctx, const char* op, const char* key, void* kernel) {
-    auto* self = static_cast<StableBackend*>(ctx);
-    TorchLibraryHandle& lib = self->impls_[key];
+  char* Impl(const char* op, const char* key, void* kernel) {
+    TorchLibraryHandle& lib = impls_[key];
     if (lib == nullptr &&
-        aoti_torch_library_init_impl(self->ns_.c_str(), key, self->file_.c_str(), self->line_, &lib) !=
-            AOTI_TORCH_SUCCESS) {
+        aoti_torch_library_init_impl(ns_.c_str(), key, file_.c_str(), line_, &lib) != AOTI_TORCH_SUCCESS) {
       return Message(std::string("cannot create a library for dispatch key ") + key);
     }
-    const AOTITorchError code =
-        torch_library_impl(lib, op, reinterpret_cast<BoxedKernel>(kernel), TORCH_ABI_VERSION);
-    return code == AOTI_TORCH_SUCCESS ? nullptr : Message(TorchMessage(code));
+    return Check(torch_library_impl(lib, op, reinterpret_cast<BoxedKernel>(kernel), TORCH_ABI_VERSION));
   }
 
-  static char* Autograd(void*, const char*, void*) {
-    return Message("a stable-ABI library's backward is wired by opforge's torch layer");
-  }
+  char* Autograd(const char*, void*) { return Message("a stable-ABI library's backward is wired by opforge's torch layer"); }
 
-  static void Rollback(void* ctx) { static_cast<StableBackend*>(ctx)->Reset(); }
-
-  static void Warn(void*, const char* message) { std::fprintf(stderr, "opforge warning: %s\n", message); }
-
-  void Reset() {
+  // Deletes every library object, so everything they registered is undone.
+  void Rollback() {
     for (auto& [key, lib] : impls_) {
       if (lib) aoti_torch_delete_library_object(lib);
     }
     impls_.clear();
     if (frag_) aoti_torch_delete_library_object(frag_);
     frag_ = nullptr;
+  }
+
+  void Warn(const char* message) { std::fprintf(stderr, "opforge warning: %s\n", message); }
+
+ private:
+  static char* Check(AOTITorchError code) {
+    if (code == AOTI_TORCH_SUCCESS) return nullptr;
+#if defined(TORCH_VERSION_2_13_0) && TORCH_FEATURE_VERSION >= TORCH_VERSION_2_13_0
+    return Message(torch_exception_get_what_without_backtrace());
+#else
+    return Message("error " + std::to_string(code) + " (torch printed its message above)");
+#endif
   }
 
   std::string ns_;
