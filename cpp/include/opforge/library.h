@@ -69,7 +69,8 @@ at::TensorList ArgOf(Tag<std::vector<at::Tensor>>);
 c10::string_view ArgOf(Tag<std::string>);
 c10::IntArrayRef ArgOf(Tag<std::vector<int64_t>>);
 c10::ArrayRef<double> ArgOf(Tag<std::vector<double>>);
-const c10::List<bool>& ArgOf(Tag<std::vector<bool>>);
+template <class T>
+const c10::List<T>& ArgOf(Tag<std::vector<T>>);  // other lists: bool[]
 c10::SymInt ArgOf(Tag<HandleId>);  // a graph input under torch.compile (docs/handles.md)
 template <class W>
 std::optional<std::decay_t<decltype(ArgOf(Tag<W>{}))>> ArgOf(Tag<std::optional<W>>);

@@ -63,11 +63,14 @@ struct StableSlots {
       return from(new StableIValue(Write(*v)));
     } else if constexpr (std::is_same_v<W, HandleId>) {
       return from(v.id);
-    } else if constexpr (std::is_same_v<W, std::vector<bool>>) {
-      // torch's from(std::vector<T>) views the vector's data, which a bool vector does not have.
+    } else if constexpr (IsVector<W>::value) {
+      // Item by item: torch's from(std::vector<T>) views the vector's data,
+      // which std::vector<bool> does not have.
       StableListHandle list = nullptr;
       TORCH_ERROR_CODE_CHECK(torch_new_list_reserve_size(v.size(), &list));
-      for (bool item : v) TORCH_ERROR_CODE_CHECK(torch_list_push_back(list, from(item)));
+      for (const auto& item : v) {
+        TORCH_ERROR_CODE_CHECK(torch_list_push_back(list, Write(static_cast<typename W::value_type>(item))));
+      }
       return torch::stable::detail::from(list);
     } else {
       return from(v);
