@@ -26,10 +26,6 @@ Error::Error(ErrorKind kind, std::string op, std::string location,
       what_(std::move(what)),
       fix_(std::move(fix)) {}
 
-Error Error::WithOp(const std::string& op) const {
-  return Error(kind_, op, location_, what_, fix_);
-}
-
 ParseError::ParseError(std::string source, size_t offset, std::string what)
     : Error(ErrorKind::kValueError, "", "",
             what + " at offset " + std::to_string(offset) + ":\n  " + source +

@@ -22,10 +22,6 @@ class Error : public std::runtime_error {
   const std::string& detail() const { return what_; }
   const std::string& fix() const { return fix_; }
 
-  // The same error with the op name filled in (used when a helper that does
-  // not know the op raised it).
-  Error WithOp(const std::string& op) const;
-
  private:
   ErrorKind kind_;
   std::string op_;

@@ -1,6 +1,5 @@
 // Lowering: op spec -> flat torch schema + mapping tree (docs/python_ops.md).
 #include <algorithm>
-#include <cctype>
 #include <map>
 #include <set>
 
