@@ -14,54 +14,35 @@
 
 namespace opforge {
 
-Value Value::Bool(bool v) {
+namespace {
+
+// A Value of `kind` with `member` set to `v` and the other members at their defaults.
+template <typename T>
+Value Make(Value::Kind kind, T Value::*member, T v) {
   Value out;
-  out.kind = Kind::kBool;
-  out.b = v;
+  out.kind = kind;
+  out.*member = std::move(v);
   return out;
 }
-Value Value::Int(int64_t v) {
-  Value out;
-  out.kind = Kind::kInt;
-  out.i = v;
-  return out;
-}
-Value Value::Double(double v) {
-  Value out;
-  out.kind = Kind::kDouble;
-  out.d = v;
-  return out;
-}
+
+}  // namespace
+
+Value Value::Bool(bool v) { return Make(Kind::kBool, &Value::b, v); }
+Value Value::Int(int64_t v) { return Make(Kind::kInt, &Value::i, v); }
+Value Value::Double(double v) { return Make(Kind::kDouble, &Value::d, v); }
+Value Value::String(std::string v) { return Make(Kind::kString, &Value::s, std::move(v)); }
+Value Value::Device(std::string v) { return Make(Kind::kDevice, &Value::s, std::move(v)); }
+Value Value::List(std::vector<Value> v) { return Make(Kind::kList, &Value::items, std::move(v)); }
+
 Value Value::Complex(double re, double im) {
-  Value out;
-  out.kind = Kind::kComplex;
-  out.d = re;
+  Value out = Make(Kind::kComplex, &Value::d, re);
   out.imag = im;
   return out;
 }
-Value Value::String(std::string v) {
-  Value out;
-  out.kind = Kind::kString;
-  out.s = std::move(v);
-  return out;
-}
-Value Value::Device(std::string v) {
-  Value out;
-  out.kind = Kind::kDevice;
-  out.s = std::move(v);
-  return out;
-}
-Value Value::List(std::vector<Value> v) {
-  Value out;
-  out.kind = Kind::kList;
-  out.items = std::move(v);
-  return out;
-}
+
 Value Value::Struct(std::vector<std::string> names, std::vector<Value> v) {
-  Value out;
-  out.kind = Kind::kStruct;
+  Value out = Make(Kind::kStruct, &Value::items, std::move(v));
   out.names = std::move(names);
-  out.items = std::move(v);
   return out;
 }
 
