@@ -338,8 +338,7 @@ class SchemaParser {
   TypePtr ParseWholeType() {
     auto [type, alias] = ParseType();
     if (L.nextIf('[')) {
-      Token n = L.expect(kNumber);
-      ToInt(n);
+      ToInt(L.expect(kNumber));
       L.expect(']');
       type = Type::List(type);
       if (L.nextIf('?')) type = Type::Optional(type);
@@ -406,15 +405,7 @@ class SchemaParser {
       type = Type::List(type);
       arg.N = static_cast<int32_t>(ToInt(L.expect(kNumber)));
       L.expect(']');
-      auto container = ParseAliasAnnotation();
-      if (alias) {
-        if (!container) {
-          container = AliasInfo();
-          container->is_write = alias->is_write;
-        }
-        container->contained.push_back(std::move(*alias));
-      }
-      alias = std::move(container);
+      alias = ListAlias(std::move(alias));
       if (L.nextIf('?')) type = Type::Optional(type);
     }
     arg.type = type;
@@ -491,15 +482,7 @@ class SchemaParser {
         L.next();
         L.next();
         value = Type::List(value);
-        auto container = ParseAliasAnnotation();
-        if (alias) {
-          if (!container) {
-            container = AliasInfo();
-            container->is_write = alias->is_write;
-          }
-          container->contained.push_back(std::move(*alias));
-        }
-        alias = std::move(container);
+        alias = ListAlias(std::move(alias));
       } else if (L.nextIf('?')) {
         value = Type::Optional(value);
         // torch prints `Tensor(a)?[]` as `Tensor?(a)[]`; read that back too.
@@ -511,6 +494,20 @@ class SchemaParser {
       }
     }
     return {value, std::move(alias)};
+  }
+
+  // The annotation after a list's `[]`, with the element's annotation inside
+  // it; a list of written elements (`Tensor(a!)[]`) is itself written.
+  std::optional<AliasInfo> ListAlias(std::optional<AliasInfo> element) {
+    auto container = ParseAliasAnnotation();
+    if (element) {
+      if (!container) {
+        container = AliasInfo();
+        container->is_write = element->is_write;
+      }
+      container->contained.push_back(std::move(*element));
+    }
+    return container;
   }
 
   std::string DottedName() {
@@ -544,12 +541,8 @@ class SchemaParser {
         name.find('.') == std::string::npos) {
       return Type::Named(TypeKind::kVar, name);  // a type variable, as in torch
     }
-    if (options_.registry) {
-      L.Fail("unknown type '" + name +
-                 "'; register it as a struct or enum before using it in a schema",
-             tok);
-    }
-    L.Fail("unknown type '" + name + "'", tok);
+    const char* hint = options_.registry ? "; register it as a struct or enum before using it in a schema" : "";
+    L.Fail("unknown type '" + name + "'" + hint, tok);
   }
 
   TypePtr ParseLiteral() {
@@ -561,8 +554,7 @@ class SchemaParser {
         values.push_back(Value::String(UnquoteString(L, L.next())));
       } else if (tok.kind == kNumber || tok.kind == '-') {
         bool negative = L.nextIf('-');
-        Token num = L.expect(kNumber);
-        int64_t v = ToInt(num);
+        int64_t v = ToInt(L.expect(kNumber));
         values.push_back(Value::Int(negative ? -v : v));
       } else {
         L.Fail("Literal values must be strings or integers, found " + L.Describe(tok));
@@ -713,8 +705,7 @@ class SchemaParser {
     // torch prints `Device? d="cuda:1"` as `Device? d=cuda:1`; read it back
     // as the string torch holds for the quoted form.
     if (type.is_optional() && type.element().kind == TypeKind::kDevice && L.cur().kind == kIdent) {
-      Value device = ParseDeviceDefault();
-      return Value::String(device.s);
+      return Value::String(ParseDeviceDefault().s);
     }
     const TypeKind kind = FakeKind(type.kind);
     switch (kind) {
@@ -742,14 +733,8 @@ class SchemaParser {
           Value v = ParseSingleConstant(elem);
           return ConvertToList(elem, at, std::vector<Value>(static_cast<size_t>(*N), v));
         }
-        L.expect('[');
         std::vector<Value> items;
-        if (L.cur().kind != ']') {
-          do {
-            items.push_back(ParseSingleConstant(elem));
-          } while (L.nextIf(','));
-        }
-        L.expect(']');
+        ParseList('[', ',', ']', [&] { items.push_back(ParseSingleConstant(elem)); });
         return ConvertToList(elem, at, std::move(items));
       }
       default:
@@ -809,24 +794,19 @@ class SchemaParser {
         });
         return Value::Struct(std::move(names), std::move(values));
       }
-      case TypeKind::kEnum: {
+      case TypeKind::kEnum:
+      case TypeKind::kLiteral:
         if (L.nextIf(kNone)) return Value::None();
-        auto def = options_.registry->FindEnum(unopt.name);
-        if (L.cur().kind == kIdent) {
+        if (unopt.kind == TypeKind::kEnum && L.cur().kind == kIdent) {
           // A member name: `Mode mode=FAST`.
+          auto def = options_.registry->FindEnum(unopt.name);
           const Token tok = L.next();
           for (size_t i = 0; i < def->members.size(); ++i) {
             if (def->members[i] == L.text(tok)) return def->values[i];
           }
           L.Fail("enum " + unopt.name + " has no member '" + std::string(L.text(tok)) + "'", tok);
         }
-        return ParseSingleConstant(def->value_kind());
-      }
-      case TypeKind::kLiteral:
-        if (L.nextIf(kNone)) return Value::None();
-        return ParseSingleConstant(unopt.literals[0].kind == Value::Kind::kString
-                                       ? TypeKind::kStr
-                                       : TypeKind::kInt);
+        return ParseSingleConstant(DefaultKind(unopt));
       case TypeKind::kHandle:
         L.expect(kNone);
         return Value::None();
