@@ -9,45 +9,21 @@
 namespace opforge {
 namespace {
 
-bool IsPlainLeafKind(TypeKind kind) {
-  switch (kind) {
-    case TypeKind::kTensor:
-    case TypeKind::kInt:
-    case TypeKind::kSymInt:
-    case TypeKind::kFloat:
-    case TypeKind::kBool:
-    case TypeKind::kSymBool:
-    case TypeKind::kStr:
-    case TypeKind::kComplex:
-    case TypeKind::kScalar:
-    case TypeKind::kScalarType:
-    case TypeKind::kLayout:
-    case TypeKind::kMemoryFormat:
-    case TypeKind::kDevice:
-    case TypeKind::kGenerator:
-    case TypeKind::kStream:
-    case TypeKind::kClass:
-      return true;
-    default:
-      return false;
-  }
-}
+using K = TypeKind;
 
-bool IsListElementKind(TypeKind kind) {
-  switch (kind) {
-    case TypeKind::kTensor:
-    case TypeKind::kInt:
-    case TypeKind::kSymInt:
-    case TypeKind::kFloat:
-    case TypeKind::kBool:
-    case TypeKind::kStr:
-    case TypeKind::kScalar:
-    case TypeKind::kEnum:
-    case TypeKind::kLiteral:
-      return true;
-    default:
-      return false;
-  }
+// Kinds a parameter may have as they are.
+constexpr TypeKind kPlainLeafKinds[] = {K::kTensor, K::kInt, K::kSymInt, K::kFloat, K::kBool, K::kSymBool, K::kStr,
+                                        K::kComplex, K::kScalar, K::kScalarType, K::kLayout, K::kMemoryFormat,
+                                        K::kDevice, K::kGenerator, K::kStream, K::kClass};
+// Kinds a list parameter may hold.
+constexpr TypeKind kListElementKinds[] = {K::kTensor, K::kInt, K::kSymInt, K::kFloat, K::kBool, K::kStr, K::kScalar,
+                                          K::kEnum, K::kLiteral};
+// Return leaves besides Tensor[] (see Lowerer::CheckReturnLeaf).
+constexpr TypeKind kReturnKinds[] = {K::kTensor, K::kInt, K::kSymInt, K::kFloat, K::kBool, K::kScalar};
+
+template <size_t N>
+bool IsOneOf(TypeKind kind, const TypeKind (&kinds)[N]) {
+  return std::find(std::begin(kinds), std::end(kinds), kind) != std::end(kinds);
 }
 
 [[noreturn]] void Unsupported(const Type& type, const std::string& op, const std::string& where) {
@@ -77,11 +53,6 @@ bool IsListElementKind(TypeKind kind) {
               "type " + TypeStr(type) + " cannot be expressed in a torch schema.", fix);
 }
 
-// Makes a leaf type optional (for the fields of an Optional[Struct]).
-TypePtr MakeOptional(const TypePtr& type) {
-  return type->is_optional() ? type : Type::Optional(type);
-}
-
 // Installs the `Tensor(aN!)` annotation infer_schema would write.
 void MarkMutated(Argument& arg, int index) {
   AliasInfo info;
@@ -99,17 +70,7 @@ void MarkMutated(Argument& arg, int index) {
 }
 
 bool IsWrite(const AliasInfo& info) {
-  if (info.is_write) return true;
-  for (const auto& c : info.contained) {
-    if (IsWrite(c)) return true;
-  }
-  return false;
-}
-
-bool ValidOpName(const std::string& name) {
-  size_t sep = name.find("::");
-  if (sep == std::string::npos || sep == 0 || sep + 2 >= name.size()) return false;
-  return name.find("::", sep + 2) == std::string::npos;
+  return info.is_write || std::any_of(info.contained.begin(), info.contained.end(), IsWrite);
 }
 
 class Lowerer {
@@ -125,12 +86,11 @@ class Lowerer {
     out_.flat.is_vararg = spec_.is_vararg;
     out_.flat.is_varret = spec_.is_varret;
     for (const auto& arg : spec_.arguments) {
-      std::optional<Value> def = arg.default_value;
-      out_.params.push_back(Expand(arg, arg.name, arg.name, arg.name, arg.type, def,
+      out_.params.push_back(Expand(arg, arg.name, arg.name, arg.name, arg.type, arg.default_value,
                                    /*force_optional=*/false, "parameter '" + arg.name + "'"));
     }
-    for (size_t i = 0; i < spec_.returns.size(); ++i) {
-      out_.returns.push_back(ExpandReturn(spec_.returns[i], spec_.returns[i].type));
+    for (const auto& ret : spec_.returns) {
+      out_.returns.push_back(ExpandReturn(ret, ret.name, ret.type, "return value"));
     }
     CheckNames();
     RestoreDefaultOrder();
@@ -173,9 +133,9 @@ class Lowerer {
     } else {
       CheckLowerable(*type, registry_, op_, where);
     }
-    if (force_optional) {
-      info.forced_optional = !leaf_type->is_optional();
-      leaf_type = MakeOptional(leaf_type);
+    if (force_optional && !leaf_type->is_optional()) {
+      info.forced_optional = true;
+      leaf_type = Type::Optional(leaf_type);
     }
 
     Argument leaf;
@@ -274,12 +234,8 @@ class Lowerer {
     return node;
   }
 
-  MappingNode ExpandReturn(const Argument& ret, const TypePtr& type) {
-    return ExpandReturnType(ret, ret.name, type, "return value");
-  }
-
-  MappingNode ExpandReturnType(const Argument& ret, const std::string& name, const TypePtr& type,
-                               const std::string& where) {
+  MappingNode ExpandReturn(const Argument& ret, const std::string& name, const TypePtr& type,
+                           const std::string& where) {
     MappingNode node;
     node.name = name;
     if (type->kind == TypeKind::kStruct) {
@@ -289,8 +245,8 @@ class Lowerer {
       for (const auto& field : st->fields) {
         Argument leaf;
         leaf.type = field.type;
-        node.children.push_back(ExpandReturnType(leaf, field.name, field.type,
-                                                 where + ", field " + st->name + "." + field.name));
+        node.children.push_back(
+            ExpandReturn(leaf, field.name, field.type, where + ", field " + st->name + "." + field.name));
       }
       return node;
     }
@@ -307,24 +263,8 @@ class Lowerer {
   // What a body may return, besides structs of these: Tensor, Tensor[], and
   // the scalars torch turns into Python numbers.
   void CheckReturnLeaf(const Type& type, const std::string& where) {
-    bool ok = false;
-    if (!type.is_optional()) {
-      switch (type.kind) {
-        case TypeKind::kTensor:
-        case TypeKind::kInt:
-        case TypeKind::kSymInt:
-        case TypeKind::kFloat:
-        case TypeKind::kBool:
-        case TypeKind::kScalar:
-          ok = true;
-          break;
-        case TypeKind::kList:
-          ok = type.element().kind == TypeKind::kTensor;
-          break;
-        default:
-          break;
-      }
-    }
+    const bool ok = IsOneOf(type.kind, kReturnKinds) ||
+                    (type.kind == TypeKind::kList && type.element().kind == TypeKind::kTensor);
     if (!ok) {
       throw Error(ErrorKind::kTypeError, op_, where,
                   "type " + TypeStr(type) + " cannot be returned from an op.",
@@ -365,25 +305,22 @@ class Lowerer {
   // earlier positional defaults are dropped then (the front ends still apply
   // the original defaults).
   void RestoreDefaultOrder() {
-    int last_required = -1;
     auto& args = out_.flat.arguments;
-    for (int i = 0; i < static_cast<int>(args.size()); ++i) {
-      if (!args[static_cast<size_t>(i)].kwarg_only && !args[static_cast<size_t>(i)].default_value) {
-        last_required = i;
-      }
+    size_t last_required = 0;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (!args[i].kwarg_only && !args[i].default_value) last_required = i;
     }
-    for (int i = 0; i < last_required; ++i) {
-      auto& arg = args[static_cast<size_t>(i)];
-      if (!arg.kwarg_only && arg.default_value) {
+    for (size_t i = 0; i < last_required; ++i) {
+      if (!args[i].kwarg_only && args[i].default_value) {
         // A field default of a required struct is a convenience for torch.ops
         // callers; losing it here changes nothing for the front ends.
-        if (!out_.leaves[static_cast<size_t>(i)].default_from_field) {
-          out_.warnings.push_back("the default of '" + arg.name +
+        if (!out_.leaves[i].default_from_field) {
+          out_.warnings.push_back("the default of '" + args[i].name +
                                   "' is not in the flat schema because a later positional "
                                   "argument has none");
         }
-        arg.default_value.reset();
-        out_.leaves[static_cast<size_t>(i)].default_from_field = false;
+        args[i].default_value.reset();
+        out_.leaves[i].default_from_field = false;
       }
     }
   }
@@ -494,11 +431,11 @@ std::vector<int> ResolveTensorLeafIndices(const LoweredOp& op, const std::vector
 }
 
 void CheckOpName(const std::string& name) {
-  if (!ValidOpName(name)) {
+  const size_t sep = name.find("::");
+  if (sep == std::string::npos || sep == 0 || sep + 2 >= name.size() || name.find("::", sep + 2) != std::string::npos) {
     throw Error(ErrorKind::kValueError, name, "", "the op name must have the form 'namespace::name'.",
                 "Add a namespace, e.g. 'mylib::" + name.substr(name.rfind(':') + 1) + "'.");
   }
-  const size_t sep = name.find("::");
   for (const std::string& part : {name.substr(0, sep), name.substr(sep + 2)}) {
     if (!IsIdentifier(part)) {
       throw Error(ErrorKind::kValueError, name, "",
@@ -512,7 +449,7 @@ void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::s
                     const std::string& where) {
   const Type& t = type.unwrap_optional();
   if (t.kind == TypeKind::kOptional) Unsupported(type, op, where);
-  if (IsPlainLeafKind(t.kind)) return;
+  if (IsOneOf(t.kind, kPlainLeafKinds)) return;
   switch (t.kind) {
     case TypeKind::kStruct:
       if (!registry.FindStruct(t.name)) {
@@ -533,7 +470,7 @@ void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::s
       const Type& elem = t.element();
       const Type& base = elem.unwrap_optional();
       // Optional elements only for Tensor?[] and Scalar?[], as in torch.
-      bool ok = IsListElementKind(base.kind) &&
+      bool ok = IsOneOf(base.kind, kListElementKinds) &&
                 (!elem.is_optional() || base.kind == TypeKind::kTensor ||
                  base.kind == TypeKind::kScalar);
       if (ok && (base.kind == TypeKind::kEnum || base.kind == TypeKind::kLiteral)) {
