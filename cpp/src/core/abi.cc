@@ -154,12 +154,9 @@ class Commit {
       LoweredOp lowered;
       try {
         lowered = LowerText(text, options);
-      } catch (const Error& e) {
-        const std::string what = e.what();
-        const size_t at = what.find("unknown type '");
-        if (at == std::string::npos) throw;
-        const size_t start = at + 14;
-        const std::string type = what.substr(start, what.find('\'', start) - start);
+      } catch (const ParseError& e) {
+        if (e.unknown_type().empty()) throw;
+        const std::string& type = e.unknown_type();
         std::string known;
         for (size_t j = 0; j < lib_.num_types; ++j) known += (known.empty() ? "" : ", ") + Str(lib_.types[j].name);
         throw Error(ErrorKind::kTypeError, text.substr(0, text.find('(')), "",

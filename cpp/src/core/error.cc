@@ -26,10 +26,16 @@ Error::Error(ErrorKind kind, std::string op, std::string location,
       what_(std::move(what)),
       fix_(std::move(fix)) {}
 
-ParseError::ParseError(std::string source, size_t offset, std::string what)
+ParseError::ParseError(std::string source, size_t offset, std::string what, std::string unknown_type)
     : Error(ErrorKind::kValueError, "", "",
             what + " at offset " + std::to_string(offset) + ":\n  " + source +
                 "\n  " + std::string(offset < source.size() ? offset : source.size(), ' ') + "^"),
-      offset_(offset) {}
+      offset_(offset),
+      unknown_type_(std::move(unknown_type)) {}
+
+ParseError::ParseError(const ParseError& e, std::string op)
+    : Error(ErrorKind::kValueError, std::move(op), "", e.what()),
+      offset_(e.offset_),
+      unknown_type_(e.unknown_type_) {}
 
 }  // namespace opforge

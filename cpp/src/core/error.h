@@ -34,11 +34,16 @@ class Error : public std::runtime_error {
 // offending token.
 class ParseError : public Error {
  public:
-  ParseError(std::string source, size_t offset, std::string what);
+  ParseError(std::string source, size_t offset, std::string what, std::string unknown_type = "");
+  // The same message, raised for op `op`: "<op>: <message>".
+  ParseError(const ParseError& e, std::string op);
   size_t offset() const { return offset_; }
+  // The type name that names nothing, when that is the error.
+  const std::string& unknown_type() const { return unknown_type_; }
 
  private:
   size_t offset_;
+  std::string unknown_type_;
 };
 
 }  // namespace opforge

@@ -512,8 +512,7 @@ LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options,
   try {
     spec = ParseSchema(spec_text, parse);
   } catch (const ParseError& e) {
-    std::string name(spec_text.substr(0, spec_text.find('(')));
-    throw Error(ErrorKind::kValueError, name, "", std::string(e.what()));
+    throw ParseError(e, std::string(spec_text.substr(0, spec_text.find('('))));
   }
   return Lower(spec, options, registry);
 }

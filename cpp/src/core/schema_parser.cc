@@ -93,8 +93,8 @@ class Lexer {
   }
 
   [[noreturn]] void Fail(const std::string& what) const { Fail(what, cur()); }
-  [[noreturn]] void Fail(const std::string& what, const Token& at) const {
-    throw ParseError(std::string(source()), at.begin, what);
+  [[noreturn]] void Fail(const std::string& what, const Token& at, std::string unknown_type = "") const {
+    throw ParseError(std::string(source()), at.begin, what, std::move(unknown_type));
   }
 
   std::string Describe(const Token& tok) const {
@@ -542,7 +542,7 @@ class SchemaParser {
       return Type::Named(TypeKind::kVar, name);  // a type variable, as in torch
     }
     const char* hint = options_.registry ? "; register it as a struct or enum before using it in a schema" : "";
-    L.Fail("unknown type '" + name + "'" + hint, tok);
+    L.Fail("unknown type '" + name + "'" + hint, tok, name);
   }
 
   TypePtr ParseLiteral() {
