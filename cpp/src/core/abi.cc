@@ -255,13 +255,8 @@ class Commit {
     }
     std::vector<LibraryOp> ops;
     for (size_t i = 0; i < lowered_.size(); ++i) {
-      LibraryOp op;
-      op.name = lowered_[i].flat.name;
-      op.library = Str(lib_.dso);
-      op.abi = Str(lib_.abi);
-      op.has_cpp_autograd = lib_.ops[i].autograd != nullptr;
-      op.torch_layer_autograd = lib_.ops[i].torch_layer_autograd;
-      ops.push_back(std::move(op));
+      ops.push_back({lowered_[i].flat.name, Str(lib_.dso), Str(lib_.abi), lib_.ops[i].autograd != nullptr,
+                     lib_.ops[i].torch_layer_autograd});
     }
     LibraryRegistry::Global().Add(ops);
     if (lib_.backend.warn) {

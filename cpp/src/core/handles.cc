@@ -14,6 +14,8 @@ constexpr uint32_t kGenerationMask = (1u << 30) - 1;
 int64_t Encode(uint32_t index, uint32_t generation) {
   return kMarker | (static_cast<int64_t>(generation & kGenerationMask) << 32) | index;
 }
+uint32_t IndexOf(int64_t handle) { return static_cast<uint32_t>(handle & 0xffffffff); }
+uint32_t GenerationOf(int64_t handle) { return static_cast<uint32_t>((handle >> 32) & kGenerationMask); }
 
 std::string Show(int64_t handle) { return "handle " + std::to_string(handle); }
 
@@ -66,9 +68,8 @@ const HandleTable::Slot& HandleTable::LiveSlot(int64_t handle) const {
                 "is not an opforge handle.",
                 "Pass the object itself, or a handle from opforge.handles.register().");
   }
-  const uint32_t index = static_cast<uint32_t>(handle & 0xffffffff);
-  const uint32_t generation = static_cast<uint32_t>((handle >> 32) & kGenerationMask);
-  if (index >= slots_.size() || !slots_[index].live || slots_[index].generation != generation) {
+  const uint32_t index = IndexOf(handle);
+  if (index >= slots_.size() || !slots_[index].live || slots_[index].generation != GenerationOf(handle)) {
     throw Error(ErrorKind::kLookupError, "", Show(handle),
                 "is stale: its object was released or is gone.",
                 "Register the object again and use the new handle.");
@@ -103,11 +104,10 @@ bool HandleTable::Release(int64_t handle) {
   std::shared_ptr<void> doomed;  // destroyed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   if (!LooksLikeHandle(handle)) return false;
-  const uint32_t index = static_cast<uint32_t>(handle & 0xffffffff);
-  const uint32_t generation = static_cast<uint32_t>((handle >> 32) & kGenerationMask);
+  const uint32_t index = IndexOf(handle);
   if (index >= slots_.size()) return false;
   Slot& slot = slots_[index];
-  if (!slot.live || slot.generation != generation) return false;
+  if (!slot.live || slot.generation != GenerationOf(handle)) return false;
   doomed = std::move(slot.strong);
   slot.weak.reset();
   slot.type.clear();

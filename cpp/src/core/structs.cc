@@ -209,18 +209,9 @@ bool TypeRegistry::Contains(std::string_view name) const {
 }
 
 bool TypeRegistry::Remove(std::string_view name) {
+  const std::string key(name);
   std::lock_guard<std::mutex> lock(mu_);
-  auto s = structs_.find(name);
-  if (s != structs_.end()) {
-    structs_.erase(s);
-    return true;
-  }
-  auto e = enums_.find(name);
-  if (e != enums_.end()) {
-    enums_.erase(e);
-    return true;
-  }
-  return false;
+  return structs_.erase(key) > 0 || enums_.erase(key) > 0;
 }
 
 std::vector<std::string> TypeRegistry::Names() const {
