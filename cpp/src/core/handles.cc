@@ -26,9 +26,7 @@ HandleTable& HandleTable::Global() {
   return *table;
 }
 
-bool HandleTable::LooksLikeHandle(int64_t value) {
-  return value > 0 && (value & kMarker) != 0 && (value >> 62) == 1;
-}
+bool HandleTable::LooksLikeHandle(int64_t value) { return value > 0 && (value >> 62) == 1; }
 
 int64_t HandleTable::Register(std::shared_ptr<void> object, std::string type, bool weak) {
   if (!object) {

@@ -170,9 +170,7 @@ void AppendValue(std::string& out, const Value& v, bool quote_strings) {
   }
 }
 
-std::set<std::string> Sorted(const std::vector<std::string>& sets) {
-  return {sets.begin(), sets.end()};
-}
+std::set<std::string> Sorted(const std::vector<std::string>& sets) { return {sets.begin(), sets.end()}; }
 
 bool SameSets(const std::vector<std::string>& a, const std::vector<std::string>& b) {
   return a == b || Sorted(a) == Sorted(b);
@@ -387,26 +385,18 @@ Value Value::Struct(std::vector<std::string> names, std::vector<Value> v) {
 
 bool Value::operator==(const Value& o) const {
   if (kind != o.kind) return false;
+  // Doubles compare bitwise, so -0.0 != 0.0 and a NaN default equals itself.
+  const auto same_bits = [](double x, double y) { return std::memcmp(&x, &y, sizeof(x)) == 0; };
   switch (kind) {
-    case Kind::kNone:
-      return true;
-    case Kind::kBool:
-      return b == o.b;
-    case Kind::kInt:
-      return i == o.i;
-    case Kind::kDouble:
-      // Bitwise, so -0.0 != 0.0 and a NaN default equals itself.
-      return std::memcmp(&d, &o.d, sizeof(d)) == 0;
-    case Kind::kComplex:
-      return std::memcmp(&d, &o.d, sizeof(d)) == 0 &&
-             std::memcmp(&imag, &o.imag, sizeof(imag)) == 0;
+    case Kind::kNone: return true;
+    case Kind::kBool: return b == o.b;
+    case Kind::kInt: return i == o.i;
+    case Kind::kDouble: return same_bits(d, o.d);
+    case Kind::kComplex: return same_bits(d, o.d) && same_bits(imag, o.imag);
     case Kind::kString:
-    case Kind::kDevice:
-      return s == o.s;
-    case Kind::kList:
-      return items == o.items;
-    case Kind::kStruct:
-      return names == o.names && items == o.items;
+    case Kind::kDevice: return s == o.s;
+    case Kind::kList: return items == o.items;
+    case Kind::kStruct: return names == o.names && items == o.items;
   }
   return false;
 }
@@ -427,17 +417,12 @@ TypePtr Type::Named(TypeKind kind, std::string name) {
   return std::make_shared<Type>(Type{kind, std::move(name), {}, {}});
 }
 
-TypePtr Type::List(TypePtr element) {
-  return std::make_shared<Type>(Type{TypeKind::kList, {}, {std::move(element)}, {}});
-}
-
-TypePtr Type::Optional(TypePtr element) {
-  return std::make_shared<Type>(Type{TypeKind::kOptional, {}, {std::move(element)}, {}});
-}
-
 TypePtr Type::Composite(TypeKind kind, std::vector<TypePtr> elements) {
   return std::make_shared<Type>(Type{kind, {}, std::move(elements), {}});
 }
+
+TypePtr Type::List(TypePtr element) { return Composite(TypeKind::kList, {std::move(element)}); }
+TypePtr Type::Optional(TypePtr element) { return Composite(TypeKind::kOptional, {std::move(element)}); }
 
 TypePtr Type::Literal(std::vector<Value> values) {
   return std::make_shared<Type>(Type{TypeKind::kLiteral, {}, {}, std::move(values)});

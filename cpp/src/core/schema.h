@@ -162,9 +162,7 @@ struct FunctionSchema {
   bool is_vararg = false;
   bool is_varret = false;
 
-  std::string qualified_name() const {
-    return overload.empty() ? name : name + "." + overload;
-  }
+  std::string qualified_name() const { return overload.empty() ? name : name + "." + overload; }
 };
 
 struct ParseOptions {

@@ -3,6 +3,7 @@
 // annotations) so that parsed schemas print exactly as torch prints them, and
 // it additionally accepts torch's printed forms that torch cannot read back
 // (`Device d=cpu`, `Tensor?(a)[]`).
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <string>
@@ -67,15 +68,11 @@ class Lexer {
   }
 
   const Token& cur() const { return tokens_[index_]; }
-  const Token& lookahead() const {
-    return tokens_[index_ + 1 < tokens_.size() ? index_ + 1 : index_];
-  }
+  const Token& lookahead() const { return tokens_[index_ + 1 < tokens_.size() ? index_ + 1 : index_]; }
   std::string_view text(const Token& tok) const {
     return std::string_view(src_).substr(tok.begin, tok.end - tok.begin);
   }
-  std::string_view source() const {
-    return std::string_view(src_).substr(0, src_.size() - 1);
-  }
+  std::string_view source() const { return std::string_view(src_).substr(0, src_.size() - 1); }
 
   Token next() {
     Token tok = tokens_[index_];
@@ -455,16 +452,13 @@ class SchemaParser {
     } else if (word == "__torch__") {
       L.next();
       std::string name = "__torch__";
-      for (const char* part : {"torch", "classes"}) {
+      // __torch__.torch.classes.<namespace>.<Name>; "" takes any name.
+      for (const char* part : {"torch", "classes", "", ""}) {
         L.expect('.');
-        Token t = L.expect(kIdent);
-        if (L.text(t) != part) L.Fail("expected '" + std::string(part) + "' in a custom class name", t);
-        name += "." + std::string(part);
+        const Token t = L.expect(kIdent);
+        if (*part && L.text(t) != part) L.Fail("expected '" + std::string(part) + "' in a custom class name", t);
+        name += "." + std::string(L.text(t));
       }
-      L.expect('.');
-      name += "." + Ident();
-      L.expect('.');
-      name += "." + Ident();
       value = Type::Named(TypeKind::kClass, name);
     } else if (options_.registry && word == "Literal" && L.lookahead().kind == '[') {
       value = ParseLiteral();
@@ -562,9 +556,7 @@ class SchemaParser {
     });
     if (values.empty()) L.Fail("Literal[] needs at least one value", start);
     for (const auto& v : values) {
-      if (v.kind != values[0].kind) {
-        L.Fail("Literal values must be all strings or all integers, not a mix", start);
-      }
+      if (v.kind != values[0].kind) L.Fail("Literal values must be all strings or all integers, not a mix", start);
     }
     return Type::Literal(std::move(values));
   }
@@ -573,10 +565,7 @@ class SchemaParser {
   std::optional<AliasInfo> ParseAliasAnnotation() {
     AliasInfo info;
     auto add = [](std::vector<std::string>& sets, std::string name) {
-      for (const auto& s : sets) {
-        if (s == name) return;
-      }
-      sets.push_back(std::move(name));
+      if (std::find(sets.begin(), sets.end(), name) == sets.end()) sets.push_back(std::move(name));
     };
     auto parse_sets = [&](std::vector<std::string>& sets) {
       bool wildcard = false;

@@ -230,11 +230,7 @@ StructDef MakeStruct(std::string name, const std::vector<FieldText>& fields,
   options.registry = &registry;
   // Nested types as written in C++: `Inner` in library liba is `liba.Inner`.
   const size_t dot = def.name.rfind('.');
-  if (scope) {
-    options.scope = *scope;
-  } else if (dot != std::string::npos) {
-    options.scope = def.name.substr(0, dot);
-  }
+  options.scope = scope.value_or(dot == std::string::npos ? "" : def.name.substr(0, dot));
   for (const auto& text : fields) {
     StructField field;
     field.name = text.name;
