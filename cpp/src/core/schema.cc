@@ -451,6 +451,14 @@ std::string AnnotationStr(const Type& type) {
   }
 }
 
+TypePtr LeafType(std::string_view name) {
+  for (int k = 0; k <= static_cast<int>(TypeKind::kHandle); ++k) {
+    const char* leaf = LeafName(static_cast<TypeKind>(k), /*annotation=*/false);
+    if (leaf && name == leaf) return Type::Get(static_cast<TypeKind>(k));
+  }
+  return nullptr;
+}
+
 bool IsTensorLike(const Type& type) {
   const Type& t = type.unwrap_optional();
   const Type& base = t.kind == TypeKind::kList ? t.element().unwrap_optional() : t;

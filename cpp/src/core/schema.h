@@ -132,6 +132,9 @@ std::string TypeStr(const Type& type);
 // (`str(arg.real_type)`). Used to compare structure with torch.
 std::string AnnotationStr(const Type& type);
 
+// The leaf type a schema writes as `name` ("Tensor", "SymInt"), or nullptr.
+TypePtr LeafType(std::string_view name);
+
 // True for Tensor, Tensor?, Tensor[], Tensor?[] and optionals of those.
 bool IsTensorLike(const Type& type);
 

@@ -179,22 +179,17 @@ class Lexer {
   Token LexString(size_t start) {
     const std::string& s = src_;
     const size_t n = s.size() - 1;
-    const char quote = s[start];
-    auto count = [&](size_t at, size_t len) {
-      if (at + len > n) return false;
-      for (size_t i = 0; i < len; ++i) {
-        if (s[at + i] != quote) return false;
-      }
-      return true;
-    };
-    const size_t quote_len = count(start, 3) ? 3 : 1;
+    const std::string quotes(3, s[start]);
+    // Whether `len` quote characters start at `at`.
+    auto quotes_at = [&](size_t at, size_t len) { return at + len <= n && s.compare(at, len, quotes, 0, len) == 0; };
+    const size_t quote_len = quotes_at(start, 3) ? 3 : 1;
     size_t end = start + quote_len;
-    while (end < n && !count(end, quote_len)) {
+    while (end < n && !quotes_at(end, quote_len)) {
       if (s[end] == '\n' && quote_len != 3) break;
       if (s[end] == '\\') ++end;
       ++end;
     }
-    if (end >= n || !count(end, quote_len)) {
+    if (end >= n || !quotes_at(end, quote_len)) {
       throw ParseError(std::string(source()), start, "unterminated string literal");
     }
     return {kString, start, end + quote_len};
@@ -261,28 +256,6 @@ TypeKind FakeKind(TypeKind kind) {
       return kind;
   }
 }
-
-struct LeafEntry {
-  const char* name;
-  TypeKind kind;
-};
-
-const LeafEntry kLeafTypes[] = {
-    {"Generator", TypeKind::kGenerator},   {"Dimname", TypeKind::kStr}  /* as torch <= 2.12: a str */,
-    {"ScalarType", TypeKind::kScalarType}, {"Layout", TypeKind::kLayout},
-    {"MemoryFormat", TypeKind::kMemoryFormat}, {"Storage", TypeKind::kStorage},
-    {"QScheme", TypeKind::kQScheme},       {"Quantizer", TypeKind::kQuantizer},
-    {"ConstQuantizerPtr", TypeKind::kInt}, {"DeviceIndex", TypeKind::kInt},
-    {"Device", TypeKind::kDevice},
-    {"Stream", TypeKind::kStream},         {"Scalar", TypeKind::kScalar},
-    {"str", TypeKind::kStr},               {"float", TypeKind::kFloat},
-    {"complex", TypeKind::kComplex},       {"int", TypeKind::kInt},
-    {"SymInt", TypeKind::kSymInt},         {"bool", TypeKind::kBool},
-    {"SymBool", TypeKind::kSymBool},       {"Capsule", TypeKind::kCapsule},
-    {"Any", TypeKind::kAny},               {"AnyClassType", TypeKind::kAnyClass},
-    {"AnyEnumType", TypeKind::kAnyEnum},   {"Tensor", TypeKind::kTensor},
-    {"PyObject", TypeKind::kPyObject},
-};
 
 class SchemaParser {
  public:
@@ -518,9 +491,10 @@ class SchemaParser {
     if (L.nextIf(kNone) || L.nextIf(kNoneType)) return Type::Get(TypeKind::kNone);
     if (tok.kind != kIdent) L.Fail("expected a type but found " + L.Describe(tok));
     std::string name = options_.registry ? DottedName() : Ident();
-    for (const auto& entry : kLeafTypes) {
-      if (name == entry.name) return Type::Get(entry.kind);
-    }
+    if (TypePtr leaf = LeafType(name)) return leaf;
+    // Names torch's parser reads as other leaves (Dimname as str, as torch <= 2.12 does).
+    if (name == "Dimname") return Type::Get(TypeKind::kStr);
+    if (name == "ConstQuantizerPtr" || name == "DeviceIndex") return Type::Get(TypeKind::kInt);
     if (options_.registry) {
       // A library's own types first: `NormCfg` in library `liba` is `liba.NormCfg`.
       if (!options_.scope.empty()) {
