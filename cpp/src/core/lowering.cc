@@ -26,31 +26,26 @@ bool IsOneOf(TypeKind kind, const TypeKind (&kinds)[N]) {
   return std::find(std::begin(kinds), std::end(kinds), kind) != std::end(kinds);
 }
 
-[[noreturn]] void Unsupported(const Type& type, const std::string& op, const std::string& where) {
-  const Type& t = type.unwrap_optional();
-  std::string fix;
+// What to write instead of a parameter type torch schemas cannot hold.
+const char* FixFor(const Type& t) {
   switch (t.kind) {
-    case TypeKind::kTuple:
-      fix = "Use a list (e.g. int[] / list[int]) instead of a tuple.";
-      break;
-    case TypeKind::kDict:
-      fix = "Use a struct (a frozen dataclass) or separate parameters instead of a dict.";
-      break;
+    case TypeKind::kTuple: return "Use a list (e.g. int[] / list[int]) instead of a tuple.";
+    case TypeKind::kDict: return "Use a struct (a frozen dataclass) or separate parameters instead of a dict.";
     case TypeKind::kList:
-      fix = t.element().unwrap_optional().kind == TypeKind::kStruct
-                ? "Lists of structs are not supported; pass one list per field."
-                : "Lists may hold Tensor, Tensor?, int, float, bool, str, Scalar, or an enum.";
-      break;
+      return t.element().unwrap_optional().kind == TypeKind::kStruct
+                 ? "Lists of structs are not supported; pass one list per field."
+                 : "Lists may hold Tensor, Tensor?, int, float, bool, str, Scalar, or an enum.";
     case TypeKind::kAny:
-    case TypeKind::kVar:
-      fix = "Give the parameter a concrete type.";
-      break;
+    case TypeKind::kVar: return "Give the parameter a concrete type.";
     default:
-      fix = "Use a Tensor, a scalar (int, float, bool, str), a list of those, a struct, "
-            "an enum, a Literal or a Handle.";
+      return "Use a Tensor, a scalar (int, float, bool, str), a list of those, a struct, "
+             "an enum, a Literal or a Handle.";
   }
-  throw Error(ErrorKind::kTypeError, op, where,
-              "type " + TypeStr(type) + " cannot be expressed in a torch schema.", fix);
+}
+
+[[noreturn]] void Unsupported(const Type& type, const std::string& op, const std::string& where) {
+  throw Error(ErrorKind::kTypeError, op, where, "type " + TypeStr(type) + " cannot be expressed in a torch schema.",
+              FixFor(type.unwrap_optional()));
 }
 
 // Installs the `Tensor(aN!)` annotation infer_schema would write.
@@ -212,26 +207,22 @@ class Lowerer {
     const bool saved_field_defaults = in_field_defaults_;
     if (!def && !optional && !force_optional) in_field_defaults_ = true;
     for (const auto& field : st->fields) {
-      std::optional<Value> field_def;
-      if (def && def->kind == Value::Kind::kNone) {
-        field_def = Value::None();
-      } else if (def) {
-        auto it = std::find(def->names.begin(), def->names.end(), field.name);
-        if (it != def->names.end()) {
-          field_def = def->items[static_cast<size_t>(it - def->names.begin())];
-        } else {
-          field_def = field.default_value;
-        }
-      } else if (in_field_defaults_) {
-        field_def = field.default_value;
-      }
-      node.children.push_back(Expand(origin, field.name, flat_name + "__" + field.name,
-                                     path + "." + field.name, field.type, field_def,
-                                     force_optional || optional,
+      node.children.push_back(Expand(origin, field.name, flat_name + "__" + field.name, path + "." + field.name,
+                                     field.type, FieldDefault(field, def), force_optional || optional,
                                      where + ", field " + st->name + "." + field.name));
     }
     in_field_defaults_ = saved_field_defaults;
     return node;
+  }
+
+  // A field's value in its struct's default `def` (None in a None default),
+  // else the field's own default where one applies.
+  std::optional<Value> FieldDefault(const StructField& field, const std::optional<Value>& def) const {
+    if (!def) return in_field_defaults_ ? field.default_value : std::nullopt;
+    if (def->kind == Value::Kind::kNone) return Value::None();
+    auto it = std::find(def->names.begin(), def->names.end(), field.name);
+    if (it == def->names.end()) return field.default_value;
+    return def->items[static_cast<size_t>(it - def->names.begin())];
   }
 
   MappingNode ExpandReturn(const Argument& ret, const std::string& name, const TypePtr& type,
