@@ -336,11 +336,13 @@ void CollectSets(const AliasInfo& info, std::set<std::string>& out) {
 // `Tensor!` is a write to a fresh alias set that torch names `$0` and prints
 // as `Tensor($0! -> )`, which its parser rejects. The same write to a named
 // set that no other argument uses means the same to torch: `Tensor(_0!)`.
+bool IsFresh(const std::string& set) { return !set.empty() && set[0] == '$'; }
+
 void NameFreshSets(AliasInfo& info, std::map<std::string, std::string>& names,
                    const std::set<std::string>& taken) {
   bool fresh = false;
   for (auto& set : info.before_sets) {
-    if (set.empty() || set[0] != '$') continue;
+    if (!IsFresh(set)) continue;
     auto it = names.find(set);
     if (it == names.end()) {
       std::string name = "_" + set.substr(1);
@@ -484,14 +486,12 @@ std::string ToString(const FunctionSchema& schema) { return PrintSchema(schema, 
 
 std::string ToDefinableString(const FunctionSchema& schema) {
   std::set<std::string> taken;
-  bool has_fresh = false;
   for (const auto* list : {&schema.arguments, &schema.returns}) {
     for (const auto& arg : *list) {
       if (arg.alias_info) CollectSets(*arg.alias_info, taken);
     }
   }
-  for (const auto& set : taken) has_fresh = has_fresh || (!set.empty() && set[0] == '$');
-  if (!has_fresh) return PrintSchema(schema, true);
+  if (std::none_of(taken.begin(), taken.end(), IsFresh)) return PrintSchema(schema, true);
   FunctionSchema named = schema;
   std::map<std::string, std::string> names;
   for (auto* list : {&named.arguments, &named.returns}) {

@@ -1,5 +1,6 @@
 #include "core/structs.h"
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 
@@ -53,16 +54,13 @@ const char* kReserved[] = {"Tensor", "int", "float", "bool", "str", "Scalar",
                            "Union", "Any", "Device", "None", "NoneType"};
 
 void CheckTypeName(const std::string& name, const char* what) {
+  const std::string where = std::string(what) + " '" + name + "'";
   if (!IsTypeName(name)) {
-    throw Error(ErrorKind::kValueError, "", std::string(what) + " '" + name + "'",
-                "is not a valid type name.",
+    throw Error(ErrorKind::kValueError, "", where, "is not a valid type name.",
                 "Use an identifier, optionally dotted (mylib.AttnCfg).");
   }
-  for (const char* reserved : kReserved) {
-    if (name == reserved) {
-      throw Error(ErrorKind::kValueError, "", std::string(what) + " '" + name + "'",
-                  "shadows a builtin schema type.", "Choose another name.");
-    }
+  if (std::find(std::begin(kReserved), std::end(kReserved), name) != std::end(kReserved)) {
+    throw Error(ErrorKind::kValueError, "", where, "shadows a builtin schema type.", "Choose another name.");
   }
 }
 
@@ -146,7 +144,8 @@ void CheckLiteralValues(const std::vector<Value>& values) {
       const std::string text = v.kind == Value::Kind::kString ? "'" + v.s + "'" : ValueToString(v);
       shown += (shown.empty() ? "" : ", ") + text;
     }
-    throw Error(ErrorKind::kTypeError, "", "", "Literal[" + shown + "] mixes value types or uses values other than str and int.",
+    throw Error(ErrorKind::kTypeError, "", "",
+                "Literal[" + shown + "] mixes value types or uses values other than str and int.",
                 "Use Literal of str values only or of int values only.");
   }
 }
