@@ -49,12 +49,11 @@ int64_t HandleTable::Register(std::shared_ptr<void> object, std::string type, bo
   if (slot.generation == 0) slot.generation = 1;
   slot.type = std::move(type);
   slot.live = true;
+  // A free slot holds nothing: Release empties it.
   if (weak) {
     slot.weak = object;
-    slot.strong.reset();
   } else {
     slot.strong = std::move(object);
-    slot.weak.reset();
   }
   ++live_;
   return Encode(index, slot.generation);
