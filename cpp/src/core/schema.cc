@@ -222,7 +222,12 @@ void AppendType(std::string& out, const Type& type) {
                          : type.kind == TypeKind::kAwait  ? "Await("
                          : type.kind == TypeKind::kUnion  ? "Union("
                                                           : "?(";
-      out += open + JoinTypes(type.elements, /*annotation=*/false) + ")";
+      out += open;
+      for (size_t i = 0; i < type.elements.size(); ++i) {
+        if (i) out += ", ";
+        AppendType(out, *type.elements[i]);
+      }
+      out += ")";
     }
   }
 }
