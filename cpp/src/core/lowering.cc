@@ -107,17 +107,15 @@ class Lowerer {
     const Type& base = unopt.kind == TypeKind::kList ? unopt.element().unwrap_optional() : unopt;
     if (base.kind == TypeKind::kEnum || base.kind == TypeKind::kLiteral) {
       CheckLowerable(*type, registry_, op_, where);
-      TypeKind raw;
       if (base.kind == TypeKind::kEnum) {
         auto e = registry_.FindEnum(base.name);
         info.allowed = e->values;
         info.enum_name = e->name;
-        raw = e->value_kind();
       } else {
         info.allowed = base.literals;
-        raw = base.literals[0].kind == Value::Kind::kString ? TypeKind::kStr : TypeKind::kInt;
       }
-      leaf_type = Type::Get(raw);
+      // The allowed values are all str or all int (AddEnum and the parser see to it).
+      leaf_type = Type::Get(info.allowed[0].kind == Value::Kind::kInt ? TypeKind::kInt : TypeKind::kStr);
       if (unopt.kind == TypeKind::kList) leaf_type = Type::List(leaf_type);
       if (type->is_optional()) leaf_type = Type::Optional(leaf_type);
       if (def && def->kind != Value::Kind::kNone) CheckAllowed(*def, info.allowed, where);
@@ -464,10 +462,8 @@ void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::s
       bool ok = IsOneOf(base.kind, kListElementKinds) &&
                 (!elem.is_optional() || base.kind == TypeKind::kTensor ||
                  base.kind == TypeKind::kScalar);
-      if (ok && (base.kind == TypeKind::kEnum || base.kind == TypeKind::kLiteral)) {
-        CheckLowerable(base, registry, op, where);
-      }
       if (!ok) Unsupported(type, op, where);
+      if (base.kind == TypeKind::kEnum || base.kind == TypeKind::kLiteral) CheckLowerable(base, registry, op, where);
       return;
     }
     default:

@@ -693,8 +693,7 @@ class SchemaParser {
         // `None` is not accepted for a non-optional list.
         if (L.cur().kind == kIdent) L.expect(kNone);
         if (N && L.cur().kind != '[') {
-          Value v = ParseSingleConstant(elem);
-          return ConvertToList(elem, at, std::vector<Value>(static_cast<size_t>(*N), v));
+          return ConvertToList(elem, at, std::vector<Value>(static_cast<size_t>(*N), ParseSingleConstant(elem)));
         }
         std::vector<Value> items;
         ParseList('[', ',', ']', [&] { items.push_back(ParseSingleConstant(elem)); });
