@@ -120,8 +120,7 @@ class Commit {
           for (size_t j = 0; j < t.num_fields; ++j) {
             const OpforgeFieldV1& f = t.fields[j];
             fields.push_back(FieldText{Str(f.name), Str(f.type),
-                                       f.default_value ? std::optional<std::string>(f.default_value)
-                                                       : std::nullopt});
+                                       f.default_value ? std::optional<std::string>(f.default_value) : std::nullopt});
           }
           StructDef def = MakeStruct(name, fields, registry, ns_);
           auto existing = registry.FindStruct(name);
@@ -133,8 +132,7 @@ class Commit {
         if (added) types_.push_back(name);
       } catch (const Error& e) {
         if (e.location().rfind(what, 0) == 0) throw;
-        throw Error(e.kind(), e.op(), what + (e.location().empty() ? "" : ", " + e.location()),
-                    e.detail(), e.fix());
+        throw Error(e.kind(), e.op(), what + (e.location().empty() ? "" : ", " + e.location()), e.detail(), e.fix());
       }
     }
   }
@@ -180,8 +178,7 @@ class Commit {
     registered_ = true;
     for (const auto& lowered : lowered_) {
       const std::string flat = ToDefinableString(lowered.flat);
-      CheckBackend(b.def(b.ctx, flat.substr(ns_.size() + 2).c_str()), lowered.flat.name,
-                   "schema '" + flat + "'");
+      CheckBackend(b.def(b.ctx, flat.substr(ns_.size() + 2).c_str()), lowered.flat.name, "schema '" + flat + "'");
     }
     for (size_t i = 0; i < lib_.num_kernels; ++i) {
       const OpforgeKernelV1& k = lib_.kernels[i];
@@ -201,8 +198,7 @@ class Commit {
     const auto& b = lib_.backend;
     for (size_t i = 0; i < lowered_.size(); ++i) {
       if (lib_.ops[i].autograd) {
-        CheckBackend(b.autograd(b.ctx, lowered_[i].flat.name.c_str(), lib_.ops[i].autograd),
-                     lowered_[i].flat.name, "");
+        CheckBackend(b.autograd(b.ctx, lowered_[i].flat.name.c_str(), lib_.ops[i].autograd), lowered_[i].flat.name, "");
       }
     }
   }

@@ -17,8 +17,7 @@ std::string Compose(const std::string& op, const std::string& location,
 
 }  // namespace
 
-Error::Error(ErrorKind kind, std::string op, std::string location,
-             std::string what, std::string fix)
+Error::Error(ErrorKind kind, std::string op, std::string location, std::string what, std::string fix)
     : std::runtime_error(Compose(op, location, what, fix)),
       kind_(kind),
       op_(std::move(op)),

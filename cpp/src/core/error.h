@@ -13,8 +13,7 @@ enum class ErrorKind { kTypeError, kValueError, kSyntaxError, kLookupError };
 class Error : public std::runtime_error {
  public:
   // message: "<op>: <location>: <what> <fix>", each part optional.
-  Error(ErrorKind kind, std::string op, std::string location, std::string what,
-        std::string fix = "");
+  Error(ErrorKind kind, std::string op, std::string location, std::string what, std::string fix = "");
 
   ErrorKind kind() const { return kind_; }
   const std::string& op() const { return op_; }

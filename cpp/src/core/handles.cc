@@ -61,14 +61,12 @@ int64_t HandleTable::Register(std::shared_ptr<void> object, std::string type, bo
 
 const HandleTable::Slot& HandleTable::LiveSlot(int64_t handle) const {
   if (!LooksLikeHandle(handle)) {
-    throw Error(ErrorKind::kLookupError, "", Show(handle),
-                "is not an opforge handle.",
+    throw Error(ErrorKind::kLookupError, "", Show(handle), "is not an opforge handle.",
                 "Pass the object itself, or a handle from opforge.handles.register().");
   }
   const uint32_t index = IndexOf(handle);
   if (index >= slots_.size() || !slots_[index].live || slots_[index].generation != GenerationOf(handle)) {
-    throw Error(ErrorKind::kLookupError, "", Show(handle),
-                "is stale: its object was released or is gone.",
+    throw Error(ErrorKind::kLookupError, "", Show(handle), "is stale: its object was released or is gone.",
                 "Register the object again and use the new handle.");
   }
   return slots_[index];
@@ -85,8 +83,7 @@ std::shared_ptr<void> HandleTable::Resolve(int64_t handle, std::string_view type
   if (slot.strong) return slot.strong;
   auto object = slot.weak.lock();
   if (!object) {
-    throw Error(ErrorKind::kLookupError, "", Show(handle),
-                "is stale: its object was released or is gone.",
+    throw Error(ErrorKind::kLookupError, "", Show(handle), "is stale: its object was released or is gone.",
                 "Keep the object alive (or opforge.handles.pin it) while ops use it.");
   }
   return object;

@@ -95,8 +95,7 @@ class Lowerer {
 
  private:
   MappingNode Expand(const Argument& origin, const std::string& name, const std::string& flat_name,
-                     const std::string& path, const TypePtr& type,
-                     const std::optional<Value>& def, bool force_optional,
+                     const std::string& path, const TypePtr& type, const std::optional<Value>& def, bool force_optional,
                      const std::string& where) {
     const Type& unopt = type->unwrap_optional();
     if (unopt.kind == TypeKind::kStruct) return ExpandStruct(origin, name, flat_name, path, type,
@@ -143,9 +142,8 @@ class Lowerer {
       leaf.alias_info = origin.alias_info;
       info.mutated = IsWrite(*origin.alias_info);
     }
-    if (leaf.default_value && leaf.default_value->kind == Value::Kind::kNone &&
-        !leaf_type->is_optional() && leaf_type->kind != TypeKind::kTensor &&
-        leaf_type->kind != TypeKind::kGenerator) {
+    if (leaf.default_value && leaf.default_value->kind == Value::Kind::kNone && !leaf_type->is_optional() &&
+        leaf_type->kind != TypeKind::kTensor && leaf_type->kind != TypeKind::kGenerator) {
       throw Error(ErrorKind::kValueError, op_, where,
                   "has default None but type " + TypeStr(*type) + " is not optional.",
                   "Make the type optional or give a non-None default.");
@@ -161,9 +159,8 @@ class Lowerer {
     return node;
   }
 
-  MappingNode ExpandStruct(const Argument& origin, const std::string& name,
-                           const std::string& flat_name, const std::string& path,
-                           const TypePtr& type, const std::optional<Value>& def,
+  MappingNode ExpandStruct(const Argument& origin, const std::string& name, const std::string& flat_name,
+                           const std::string& path, const TypePtr& type, const std::optional<Value>& def,
                            bool force_optional, const std::string& where) {
     const Type& unopt = type->unwrap_optional();
     auto st = registry_.FindStruct(unopt.name);
@@ -178,8 +175,7 @@ class Lowerer {
                   "Use a " + st->name + " instance, or None for an optional struct.");
     }
     if (def && def->kind == Value::Kind::kNone && !optional && !force_optional) {
-      throw Error(ErrorKind::kValueError, op_, where,
-                  "has default None but struct " + st->name + " is not optional.",
+      throw Error(ErrorKind::kValueError, op_, where, "has default None but struct " + st->name + " is not optional.",
                   "Annotate it as Optional[" + st->name + "].");
     }
     MappingNode node;
@@ -255,8 +251,7 @@ class Lowerer {
     const bool ok = IsOneOf(type.kind, kReturnKinds) ||
                     (type.kind == TypeKind::kList && type.element().kind == TypeKind::kTensor);
     if (!ok) {
-      throw Error(ErrorKind::kTypeError, op_, where,
-                  "type " + TypeStr(type) + " cannot be returned from an op.",
+      throw Error(ErrorKind::kTypeError, op_, where, "type " + TypeStr(type) + " cannot be returned from an op.",
                   "Return Tensor, tuple[Tensor, ...], list[Tensor], a frozen dataclass of tensors, "
                   "int, float, bool or None.");
     }
@@ -282,8 +277,7 @@ class Lowerer {
       auto [it, inserted] = seen.emplace(name, path);
       if (!inserted) {
         throw Error(ErrorKind::kValueError, op_, "parameter '" + path.substr(0, path.find('.')) + "'",
-                    "its flat argument name '" + name + "' collides with the one from '" +
-                        it->second + "'.",
+                    "its flat argument name '" + name + "' collides with the one from '" + it->second + "'.",
                     "Rename the parameter or the field.");
       }
     }
@@ -434,8 +428,7 @@ void CheckOpName(const std::string& name) {
   }
 }
 
-void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::string& op,
-                    const std::string& where) {
+void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::string& op, const std::string& where) {
   const Type& t = type.unwrap_optional();
   if (t.kind == TypeKind::kOptional) Unsupported(type, op, where);
   if (IsOneOf(t.kind, kPlainLeafKinds)) return;
@@ -460,8 +453,7 @@ void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::s
       const Type& base = elem.unwrap_optional();
       // Optional elements only for Tensor?[] and Scalar?[], as in torch.
       bool ok = IsOneOf(base.kind, kListElementKinds) &&
-                (!elem.is_optional() || base.kind == TypeKind::kTensor ||
-                 base.kind == TypeKind::kScalar);
+                (!elem.is_optional() || base.kind == TypeKind::kTensor || base.kind == TypeKind::kScalar);
       if (!ok) Unsupported(type, op, where);
       if (base.kind == TypeKind::kEnum || base.kind == TypeKind::kLiteral) CheckLowerable(base, registry, op, where);
       return;
@@ -484,13 +476,11 @@ bool LoweredOp::is_identity() const {
   return true;
 }
 
-LoweredOp Lower(const FunctionSchema& spec, const LowerOptions& options,
-                const TypeRegistry& registry) {
+LoweredOp Lower(const FunctionSchema& spec, const LowerOptions& options, const TypeRegistry& registry) {
   return Lowerer(spec, options, registry).Run();
 }
 
-LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options,
-                    const TypeRegistry& registry) {
+LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options, const TypeRegistry& registry) {
   ParseOptions parse;
   parse.registry = &registry;
   parse.allow_default_before_required = true;

@@ -343,8 +343,7 @@ void CollectSets(const AliasInfo& info, std::set<std::string>& out) {
 // set that no other argument uses means the same to torch: `Tensor(_0!)`.
 bool IsFresh(const std::string& set) { return !set.empty() && set[0] == '$'; }
 
-void NameFreshSets(AliasInfo& info, std::map<std::string, std::string>& names,
-                   const std::set<std::string>& taken) {
+void NameFreshSets(AliasInfo& info, std::map<std::string, std::string>& names, const std::set<std::string>& taken) {
   bool fresh = false;
   for (auto& set : info.before_sets) {
     if (!IsFresh(set)) continue;

@@ -185,8 +185,7 @@ FunctionSchema ParseSchema(std::string_view text, const ParseOptions& options = 
 // A single type, e.g. a struct field's type: "float", "Tensor?", "AttnCfg".
 TypePtr ParseType(std::string_view text, const ParseOptions& options = {});
 // A single constant for a type, e.g. "1e-5" for float, "[0, 1]" for int[].
-Value ParseDefault(std::string_view text, const Type& type,
-                   std::optional<int32_t> N = std::nullopt,
+Value ParseDefault(std::string_view text, const Type& type, std::optional<int32_t> N = std::nullopt,
                    const ParseOptions& options = {});
 
 // Printing, exactly as torch's `str(schema)` prints.

@@ -172,8 +172,7 @@ class Lexer {
       if ((c == ')' || c == ']' || c == '}') && nesting > 0) --nesting;
       return {c, pos, pos + 1};
     }
-    throw ParseError(std::string(source()), pos,
-                     std::string("unexpected character '") + c + "'");
+    throw ParseError(std::string(source()), pos, std::string("unexpected character '") + c + "'");
   }
 
   Token LexString(size_t start) {
@@ -203,8 +202,7 @@ class Lexer {
 // torch's parseStringLiteral: strips quotes and resolves escapes.
 std::string UnquoteString(const Lexer& L, const Token& tok) {
   std::string_view raw = L.text(tok);
-  const size_t quote_len =
-      raw.size() >= 6 && raw[0] == raw[1] && raw[1] == raw[2] ? 3 : 1;
+  const size_t quote_len = raw.size() >= 6 && raw[0] == raw[1] && raw[1] == raw[2] ? 3 : 1;
   std::string out(raw.substr(quote_len, raw.size() - 2 * quote_len));
   size_t pos = out.find('\\');
   while (pos != std::string::npos) {
@@ -259,8 +257,7 @@ TypeKind FakeKind(TypeKind kind) {
 
 class SchemaParser {
  public:
-  SchemaParser(std::string_view text, const ParseOptions& options)
-      : L(text), options_(options) {}
+  SchemaParser(std::string_view text, const ParseOptions& options) : L(text), options_(options) {}
 
   FunctionSchema ParseDeclaration() {
     FunctionSchema schema;
@@ -361,8 +358,7 @@ class SchemaParser {
         seen_default = true;
       } else if (seen_default) {
         throw ParseError(std::string(L.source()), 0,
-                         "non-default positional argument '" + arg.name +
-                             "' follows an argument with a default");
+                         "non-default positional argument '" + arg.name + "' follows an argument with a default");
       }
     }
   }
@@ -404,9 +400,7 @@ class SchemaParser {
       L.expect('(');
       TypePtr sub = ParseType().first;
       L.expect(')');
-      TypeKind kind = word == "Future" ? TypeKind::kFuture
-                      : word == "RRef" ? TypeKind::kRRef
-                                       : TypeKind::kAwait;
+      TypeKind kind = word == "Future" ? TypeKind::kFuture : word == "RRef" ? TypeKind::kRRef : TypeKind::kAwait;
       value = Type::Composite(kind, {sub});
     } else if (word == "Dict") {
       L.next();
@@ -505,8 +499,7 @@ class SchemaParser {
       if (options_.registry->FindStruct(name)) return Type::Named(TypeKind::kStruct, name);
       if (options_.registry->FindEnum(name)) return Type::Named(TypeKind::kEnum, name);
     }
-    if (!name.empty() && std::islower(static_cast<unsigned char>(name[0])) &&
-        name.find('.') == std::string::npos) {
+    if (!name.empty() && std::islower(static_cast<unsigned char>(name[0])) && name.find('.') == std::string::npos) {
       return Type::Named(TypeKind::kVar, name);  // a type variable, as in torch
     }
     const char* hint = options_.registry ? "; register it as a struct or enum before using it in a schema" : "";
@@ -623,8 +616,7 @@ class SchemaParser {
       if (kind == TypeKind::kComplex || n.find('j') != std::string::npos) {
         return Value::Complex(0.0, std::stod(n.substr(0, n.size() - 1)));
       }
-      if (kind == TypeKind::kFloat || n.find('.') != std::string::npos ||
-          n.find('e') != std::string::npos) {
+      if (kind == TypeKind::kFloat || n.find('.') != std::string::npos || n.find('e') != std::string::npos) {
         return Value::Double(std::stod(n));
       }
       return Value::Int(std::stoll(n));
@@ -792,8 +784,7 @@ TypePtr ParseType(std::string_view text, const ParseOptions& options) {
   return SchemaParser(text, options).ParseWholeType();
 }
 
-Value ParseDefault(std::string_view text, const Type& type, std::optional<int32_t> N,
-                   const ParseOptions& options) {
+Value ParseDefault(std::string_view text, const Type& type, std::optional<int32_t> N, const ParseOptions& options) {
   return SchemaParser(text, options).ParseWholeDefault(type, N);
 }
 

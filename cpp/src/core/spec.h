@@ -79,7 +79,6 @@ void CheckOpName(const std::string& name);
 
 // Throws unless `type` can be an op parameter (or a struct field) after
 // lowering. `op` and `where` only shape the error message.
-void CheckLowerable(const Type& type, const TypeRegistry& registry,
-                    const std::string& op, const std::string& where);
+void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::string& op, const std::string& where);
 
 }  // namespace opforge

@@ -17,8 +17,7 @@ const StructField* StructDef::Find(std::string_view field) const {
 }
 
 TypeKind EnumDef::value_kind() const {
-  return !values.empty() && values[0].kind == Value::Kind::kInt ? TypeKind::kInt
-                                                                 : TypeKind::kStr;
+  return !values.empty() && values[0].kind == Value::Kind::kInt ? TypeKind::kInt : TypeKind::kStr;
 }
 
 bool IsIdentifier(std::string_view name) {
@@ -96,21 +95,17 @@ bool TypeRegistry::AddStruct(StructDef def) {
   for (const auto& field : def.fields) {
     const std::string where = "field " + def.name + "." + field.name;
     if (!IsIdentifier(field.name)) {
-      throw Error(ErrorKind::kValueError, "", where, "is not a valid field name.",
-                  "Use an identifier.");
+      throw Error(ErrorKind::kValueError, "", where, "is not a valid field name.", "Use an identifier.");
     }
     if (field.name.find("__") != std::string::npos) {
-      throw Error(ErrorKind::kValueError, "", where,
-                  "contains '__', which opforge uses to join leaf names.",
+      throw Error(ErrorKind::kValueError, "", where, "contains '__', which opforge uses to join leaf names.",
                   "Rename the field.");
     }
     if (!seen.insert(field.name).second) {
       throw Error(ErrorKind::kValueError, "", where, "is declared twice.", "Remove one.");
     }
-    if (field.type->unwrap_optional().kind == TypeKind::kStruct &&
-        field.type->unwrap_optional().name == def.name) {
-      throw Error(ErrorKind::kTypeError, "", where, "refers to its own struct.",
-                  "Structs cannot be recursive.");
+    if (field.type->unwrap_optional().kind == TypeKind::kStruct && field.type->unwrap_optional().name == def.name) {
+      throw Error(ErrorKind::kTypeError, "", where, "refers to its own struct.", "Structs cannot be recursive.");
     }
     CheckLowerable(*field.type, *this, "", where);
   }
@@ -161,13 +156,11 @@ bool TypeRegistry::AddEnum(EnumDef def) {
     const auto& v = def.values[i];
     if (v.kind != Value::Kind::kString && v.kind != Value::Kind::kInt) {
       throw Error(ErrorKind::kTypeError, "", where,
-                  "member " + def.members[i] + " has a value that is neither str nor int (" +
-                      ValueToString(v) + ").",
+                  "member " + def.members[i] + " has a value that is neither str nor int (" + ValueToString(v) + ").",
                   "Use str or int values.");
     }
     if (v.kind != def.values[0].kind) {
-      throw Error(ErrorKind::kTypeError, "", where, "mixes str and int values.",
-                  "Use one value type for all members.");
+      throw Error(ErrorKind::kTypeError, "", where, "mixes str and int values.", "Use one value type for all members.");
     }
     if (!members.insert(def.members[i]).second) {
       throw Error(ErrorKind::kValueError, "", where, "declares member " + def.members[i] + " twice.");
@@ -175,14 +168,12 @@ bool TypeRegistry::AddEnum(EnumDef def) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (structs_.count(def.name)) {
-    throw Error(ErrorKind::kValueError, "", where, "is already registered as a struct.",
-                "Choose another name.");
+    throw Error(ErrorKind::kValueError, "", where, "is already registered as a struct.", "Choose another name.");
   }
   auto it = enums_.find(def.name);
   if (it != enums_.end()) {
     if (it->second->members == def.members && it->second->values == def.values) return false;
-    throw Error(ErrorKind::kValueError, "", where,
-                "is already registered with different members.",
+    throw Error(ErrorKind::kValueError, "", where, "is already registered with different members.",
                 "Give one of them another name.");
   }
   std::string name = def.name;
