@@ -120,8 +120,7 @@ class Commit {
           for (size_t j = 0; j < t.num_fields; ++j) {
             const OpforgeFieldV1& f = t.fields[j];
             fields.push_back(FieldText{Str(f.name), Str(f.type),
-                                       f.default_value ? std::optional<std::string>(f.default_value)
-                                                       : std::nullopt});
+                                       f.default_value ? std::optional<std::string>(f.default_value) : std::nullopt});
           }
           StructDef def = MakeStruct(name, fields, registry, ns_);
           auto existing = registry.FindStruct(name);
@@ -133,8 +132,7 @@ class Commit {
         if (added) types_.push_back(name);
       } catch (const Error& e) {
         if (e.location().rfind(what, 0) == 0) throw;
-        throw Error(e.kind(), e.op(), what + (e.location().empty() ? "" : ", " + e.location()),
-                    e.detail(), e.fix());
+        throw Error(e.kind(), e.op(), what + (e.location().empty() ? "" : ", " + e.location()), e.detail(), e.fix());
       }
     }
   }
@@ -154,12 +152,9 @@ class Commit {
       LoweredOp lowered;
       try {
         lowered = LowerText(text, options);
-      } catch (const Error& e) {
-        const std::string what = e.what();
-        const size_t at = what.find("unknown type '");
-        if (at == std::string::npos) throw;
-        const size_t start = at + 14;
-        const std::string type = what.substr(start, what.find('\'', start) - start);
+      } catch (const ParseError& e) {
+        if (e.unknown_type().empty()) throw;
+        const std::string& type = e.unknown_type();
         std::string known;
         for (size_t j = 0; j < lib_.num_types; ++j) known += (known.empty() ? "" : ", ") + Str(lib_.types[j].name);
         throw Error(ErrorKind::kTypeError, text.substr(0, text.find('(')), "",
@@ -183,8 +178,7 @@ class Commit {
     registered_ = true;
     for (const auto& lowered : lowered_) {
       const std::string flat = ToDefinableString(lowered.flat);
-      CheckBackend(b.def(b.ctx, flat.substr(ns_.size() + 2).c_str()), lowered.flat.name,
-                   "schema '" + flat + "'");
+      CheckBackend(b.def(b.ctx, flat.substr(ns_.size() + 2).c_str()), lowered.flat.name, "schema '" + flat + "'");
     }
     for (size_t i = 0; i < lib_.num_kernels; ++i) {
       const OpforgeKernelV1& k = lib_.kernels[i];
@@ -204,8 +198,7 @@ class Commit {
     const auto& b = lib_.backend;
     for (size_t i = 0; i < lowered_.size(); ++i) {
       if (lib_.ops[i].autograd) {
-        CheckBackend(b.autograd(b.ctx, lowered_[i].flat.name.c_str(), lib_.ops[i].autograd),
-                     lowered_[i].flat.name, "");
+        CheckBackend(b.autograd(b.ctx, lowered_[i].flat.name.c_str(), lib_.ops[i].autograd), lowered_[i].flat.name, "");
       }
     }
   }
@@ -258,13 +251,8 @@ class Commit {
     }
     std::vector<LibraryOp> ops;
     for (size_t i = 0; i < lowered_.size(); ++i) {
-      LibraryOp op;
-      op.name = lowered_[i].flat.name;
-      op.library = Str(lib_.dso);
-      op.abi = Str(lib_.abi);
-      op.has_cpp_autograd = lib_.ops[i].autograd != nullptr;
-      op.torch_layer_autograd = lib_.ops[i].torch_layer_autograd;
-      ops.push_back(std::move(op));
+      ops.push_back({lowered_[i].flat.name, Str(lib_.dso), Str(lib_.abi), lib_.ops[i].autograd != nullptr,
+                     lib_.ops[i].torch_layer_autograd});
     }
     LibraryRegistry::Global().Add(ops);
     if (lib_.backend.warn) {

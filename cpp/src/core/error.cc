@@ -17,8 +17,7 @@ std::string Compose(const std::string& op, const std::string& location,
 
 }  // namespace
 
-Error::Error(ErrorKind kind, std::string op, std::string location,
-             std::string what, std::string fix)
+Error::Error(ErrorKind kind, std::string op, std::string location, std::string what, std::string fix)
     : std::runtime_error(Compose(op, location, what, fix)),
       kind_(kind),
       op_(std::move(op)),
@@ -26,14 +25,16 @@ Error::Error(ErrorKind kind, std::string op, std::string location,
       what_(std::move(what)),
       fix_(std::move(fix)) {}
 
-Error Error::WithOp(const std::string& op) const {
-  return Error(kind_, op, location_, what_, fix_);
-}
-
-ParseError::ParseError(std::string source, size_t offset, std::string what)
+ParseError::ParseError(std::string source, size_t offset, std::string what, std::string unknown_type)
     : Error(ErrorKind::kValueError, "", "",
             what + " at offset " + std::to_string(offset) + ":\n  " + source +
                 "\n  " + std::string(offset < source.size() ? offset : source.size(), ' ') + "^"),
-      offset_(offset) {}
+      offset_(offset),
+      unknown_type_(std::move(unknown_type)) {}
+
+ParseError::ParseError(const ParseError& e, std::string op)
+    : Error(ErrorKind::kValueError, std::move(op), "", e.what()),
+      offset_(e.offset_),
+      unknown_type_(e.unknown_type_) {}
 
 }  // namespace opforge

@@ -14,6 +14,8 @@ constexpr uint32_t kGenerationMask = (1u << 30) - 1;
 int64_t Encode(uint32_t index, uint32_t generation) {
   return kMarker | (static_cast<int64_t>(generation & kGenerationMask) << 32) | index;
 }
+uint32_t IndexOf(int64_t handle) { return static_cast<uint32_t>(handle & 0xffffffff); }
+uint32_t GenerationOf(int64_t handle) { return static_cast<uint32_t>((handle >> 32) & kGenerationMask); }
 
 std::string Show(int64_t handle) { return "handle " + std::to_string(handle); }
 
@@ -24,9 +26,7 @@ HandleTable& HandleTable::Global() {
   return *table;
 }
 
-bool HandleTable::LooksLikeHandle(int64_t value) {
-  return value > 0 && (value & kMarker) != 0 && (value >> 62) == 1;
-}
+bool HandleTable::LooksLikeHandle(int64_t value) { return value > 0 && (value >> 62) == 1; }
 
 int64_t HandleTable::Register(std::shared_ptr<void> object, std::string type, bool weak) {
   if (!object) {
@@ -49,12 +49,11 @@ int64_t HandleTable::Register(std::shared_ptr<void> object, std::string type, bo
   if (slot.generation == 0) slot.generation = 1;
   slot.type = std::move(type);
   slot.live = true;
+  // A free slot holds nothing: Release empties it.
   if (weak) {
     slot.weak = object;
-    slot.strong.reset();
   } else {
     slot.strong = std::move(object);
-    slot.weak.reset();
   }
   ++live_;
   return Encode(index, slot.generation);
@@ -62,15 +61,12 @@ int64_t HandleTable::Register(std::shared_ptr<void> object, std::string type, bo
 
 const HandleTable::Slot& HandleTable::LiveSlot(int64_t handle) const {
   if (!LooksLikeHandle(handle)) {
-    throw Error(ErrorKind::kLookupError, "", Show(handle),
-                "is not an opforge handle.",
+    throw Error(ErrorKind::kLookupError, "", Show(handle), "is not an opforge handle.",
                 "Pass the object itself, or a handle from opforge.handles.register().");
   }
-  const uint32_t index = static_cast<uint32_t>(handle & 0xffffffff);
-  const uint32_t generation = static_cast<uint32_t>((handle >> 32) & kGenerationMask);
-  if (index >= slots_.size() || !slots_[index].live || slots_[index].generation != generation) {
-    throw Error(ErrorKind::kLookupError, "", Show(handle),
-                "is stale: its object was released or is gone.",
+  const uint32_t index = IndexOf(handle);
+  if (index >= slots_.size() || !slots_[index].live || slots_[index].generation != GenerationOf(handle)) {
+    throw Error(ErrorKind::kLookupError, "", Show(handle), "is stale: its object was released or is gone.",
                 "Register the object again and use the new handle.");
   }
   return slots_[index];
@@ -87,8 +83,7 @@ std::shared_ptr<void> HandleTable::Resolve(int64_t handle, std::string_view type
   if (slot.strong) return slot.strong;
   auto object = slot.weak.lock();
   if (!object) {
-    throw Error(ErrorKind::kLookupError, "", Show(handle),
-                "is stale: its object was released or is gone.",
+    throw Error(ErrorKind::kLookupError, "", Show(handle), "is stale: its object was released or is gone.",
                 "Keep the object alive (or opforge.handles.pin it) while ops use it.");
   }
   return object;
@@ -103,11 +98,10 @@ bool HandleTable::Release(int64_t handle) {
   std::shared_ptr<void> doomed;  // destroyed after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   if (!LooksLikeHandle(handle)) return false;
-  const uint32_t index = static_cast<uint32_t>(handle & 0xffffffff);
-  const uint32_t generation = static_cast<uint32_t>((handle >> 32) & kGenerationMask);
+  const uint32_t index = IndexOf(handle);
   if (index >= slots_.size()) return false;
   Slot& slot = slots_[index];
-  if (!slot.live || slot.generation != generation) return false;
+  if (!slot.live || slot.generation != GenerationOf(handle)) return false;
   doomed = std::move(slot.strong);
   slot.weak.reset();
   slot.type.clear();

@@ -33,11 +33,6 @@ void LibraryRegistry::Add(const std::vector<LibraryOp>& ops) {
   }
 }
 
-void LibraryRegistry::Remove(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ops_.erase(name);
-}
-
 std::optional<LibraryOp> LibraryRegistry::Find(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = ops_.find(name);

@@ -36,7 +36,6 @@ class LibraryRegistry {
   // Calls `listener` for every op committed so far, then for each later one.
   void Listen(std::function<void(const LibraryOp&)> listener);
   void Add(const std::vector<LibraryOp>& ops);
-  void Remove(const std::string& name);
   std::optional<LibraryOp> Find(const std::string& name) const;
   // Bumped whenever ops are added, so front ends know when to look again.
   uint64_t generation() const;

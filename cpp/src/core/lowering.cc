@@ -1,6 +1,5 @@
 // Lowering: op spec -> flat torch schema + mapping tree (docs/python_ops.md).
 #include <algorithm>
-#include <cctype>
 #include <map>
 #include <set>
 
@@ -10,77 +9,43 @@
 namespace opforge {
 namespace {
 
-bool IsPlainLeafKind(TypeKind kind) {
-  switch (kind) {
-    case TypeKind::kTensor:
-    case TypeKind::kInt:
-    case TypeKind::kSymInt:
-    case TypeKind::kFloat:
-    case TypeKind::kBool:
-    case TypeKind::kSymBool:
-    case TypeKind::kStr:
-    case TypeKind::kComplex:
-    case TypeKind::kScalar:
-    case TypeKind::kScalarType:
-    case TypeKind::kLayout:
-    case TypeKind::kMemoryFormat:
-    case TypeKind::kDevice:
-    case TypeKind::kGenerator:
-    case TypeKind::kStream:
-    case TypeKind::kClass:
-      return true;
-    default:
-      return false;
-  }
+using K = TypeKind;
+
+// Kinds a parameter may have as they are.
+constexpr TypeKind kPlainLeafKinds[] = {K::kTensor, K::kInt, K::kSymInt, K::kFloat, K::kBool, K::kSymBool, K::kStr,
+                                        K::kComplex, K::kScalar, K::kScalarType, K::kLayout, K::kMemoryFormat,
+                                        K::kDevice, K::kGenerator, K::kStream, K::kClass};
+// Kinds a list parameter may hold.
+constexpr TypeKind kListElementKinds[] = {K::kTensor, K::kInt, K::kSymInt, K::kFloat, K::kBool, K::kStr, K::kScalar,
+                                          K::kEnum, K::kLiteral};
+// Return leaves besides Tensor[] (see Lowerer::CheckReturnLeaf).
+constexpr TypeKind kReturnKinds[] = {K::kTensor, K::kInt, K::kSymInt, K::kFloat, K::kBool, K::kScalar};
+
+template <size_t N>
+bool IsOneOf(TypeKind kind, const TypeKind (&kinds)[N]) {
+  return std::find(std::begin(kinds), std::end(kinds), kind) != std::end(kinds);
 }
 
-bool IsListElementKind(TypeKind kind) {
-  switch (kind) {
-    case TypeKind::kTensor:
-    case TypeKind::kInt:
-    case TypeKind::kSymInt:
-    case TypeKind::kFloat:
-    case TypeKind::kBool:
-    case TypeKind::kStr:
-    case TypeKind::kScalar:
-    case TypeKind::kEnum:
-    case TypeKind::kLiteral:
-      return true;
+// What to write instead of a parameter type torch schemas cannot hold.
+const char* FixFor(const Type& t) {
+  switch (t.kind) {
+    case TypeKind::kTuple: return "Use a list (e.g. int[] / list[int]) instead of a tuple.";
+    case TypeKind::kDict: return "Use a struct (a frozen dataclass) or separate parameters instead of a dict.";
+    case TypeKind::kList:
+      return t.element().unwrap_optional().kind == TypeKind::kStruct
+                 ? "Lists of structs are not supported; pass one list per field."
+                 : "Lists may hold Tensor, Tensor?, int, float, bool, str, Scalar, or an enum.";
+    case TypeKind::kAny:
+    case TypeKind::kVar: return "Give the parameter a concrete type.";
     default:
-      return false;
+      return "Use a Tensor, a scalar (int, float, bool, str), a list of those, a struct, "
+             "an enum, a Literal or a Handle.";
   }
 }
 
 [[noreturn]] void Unsupported(const Type& type, const std::string& op, const std::string& where) {
-  const Type& t = type.unwrap_optional();
-  std::string fix;
-  switch (t.kind) {
-    case TypeKind::kTuple:
-      fix = "Use a list (e.g. int[] / list[int]) instead of a tuple.";
-      break;
-    case TypeKind::kDict:
-      fix = "Use a struct (a frozen dataclass) or separate parameters instead of a dict.";
-      break;
-    case TypeKind::kList:
-      fix = t.element().unwrap_optional().kind == TypeKind::kStruct
-                ? "Lists of structs are not supported; pass one list per field."
-                : "Lists may hold Tensor, Tensor?, int, float, bool, str, Scalar, or an enum.";
-      break;
-    case TypeKind::kAny:
-    case TypeKind::kVar:
-      fix = "Give the parameter a concrete type.";
-      break;
-    default:
-      fix = "Use a Tensor, a scalar (int, float, bool, str), a list of those, a struct, "
-            "an enum, a Literal or a Handle.";
-  }
-  throw Error(ErrorKind::kTypeError, op, where,
-              "type " + TypeStr(type) + " cannot be expressed in a torch schema.", fix);
-}
-
-// Makes a leaf type optional (for the fields of an Optional[Struct]).
-TypePtr MakeOptional(const TypePtr& type) {
-  return type->is_optional() ? type : Type::Optional(type);
+  throw Error(ErrorKind::kTypeError, op, where, "type " + TypeStr(type) + " cannot be expressed in a torch schema.",
+              FixFor(type.unwrap_optional()));
 }
 
 // Installs the `Tensor(aN!)` annotation infer_schema would write.
@@ -100,17 +65,7 @@ void MarkMutated(Argument& arg, int index) {
 }
 
 bool IsWrite(const AliasInfo& info) {
-  if (info.is_write) return true;
-  for (const auto& c : info.contained) {
-    if (IsWrite(c)) return true;
-  }
-  return false;
-}
-
-bool ValidOpName(const std::string& name) {
-  size_t sep = name.find("::");
-  if (sep == std::string::npos || sep == 0 || sep + 2 >= name.size()) return false;
-  return name.find("::", sep + 2) == std::string::npos;
+  return info.is_write || std::any_of(info.contained.begin(), info.contained.end(), IsWrite);
 }
 
 class Lowerer {
@@ -126,12 +81,11 @@ class Lowerer {
     out_.flat.is_vararg = spec_.is_vararg;
     out_.flat.is_varret = spec_.is_varret;
     for (const auto& arg : spec_.arguments) {
-      std::optional<Value> def = arg.default_value;
-      out_.params.push_back(Expand(arg, arg.name, arg.name, arg.name, arg.type, def,
+      out_.params.push_back(Expand(arg, arg.name, arg.name, arg.name, arg.type, arg.default_value,
                                    /*force_optional=*/false, "parameter '" + arg.name + "'"));
     }
-    for (size_t i = 0; i < spec_.returns.size(); ++i) {
-      out_.returns.push_back(ExpandReturn(spec_.returns[i], spec_.returns[i].type));
+    for (const auto& ret : spec_.returns) {
+      out_.returns.push_back(ExpandReturn(ret, ret.name, ret.type, "return value"));
     }
     CheckNames();
     RestoreDefaultOrder();
@@ -141,8 +95,7 @@ class Lowerer {
 
  private:
   MappingNode Expand(const Argument& origin, const std::string& name, const std::string& flat_name,
-                     const std::string& path, const TypePtr& type,
-                     const std::optional<Value>& def, bool force_optional,
+                     const std::string& path, const TypePtr& type, const std::optional<Value>& def, bool force_optional,
                      const std::string& where) {
     const Type& unopt = type->unwrap_optional();
     if (unopt.kind == TypeKind::kStruct) return ExpandStruct(origin, name, flat_name, path, type,
@@ -153,17 +106,15 @@ class Lowerer {
     const Type& base = unopt.kind == TypeKind::kList ? unopt.element().unwrap_optional() : unopt;
     if (base.kind == TypeKind::kEnum || base.kind == TypeKind::kLiteral) {
       CheckLowerable(*type, registry_, op_, where);
-      TypeKind raw;
       if (base.kind == TypeKind::kEnum) {
         auto e = registry_.FindEnum(base.name);
         info.allowed = e->values;
         info.enum_name = e->name;
-        raw = e->value_kind();
       } else {
         info.allowed = base.literals;
-        raw = base.literals[0].kind == Value::Kind::kString ? TypeKind::kStr : TypeKind::kInt;
       }
-      leaf_type = Type::Get(raw);
+      // The allowed values are all str or all int (AddEnum and the parser see to it).
+      leaf_type = Type::Get(info.allowed[0].kind == Value::Kind::kInt ? TypeKind::kInt : TypeKind::kStr);
       if (unopt.kind == TypeKind::kList) leaf_type = Type::List(leaf_type);
       if (type->is_optional()) leaf_type = Type::Optional(leaf_type);
       if (def && def->kind != Value::Kind::kNone) CheckAllowed(*def, info.allowed, where);
@@ -174,9 +125,9 @@ class Lowerer {
     } else {
       CheckLowerable(*type, registry_, op_, where);
     }
-    if (force_optional) {
-      info.forced_optional = !leaf_type->is_optional();
-      leaf_type = MakeOptional(leaf_type);
+    if (force_optional && !leaf_type->is_optional()) {
+      info.forced_optional = true;
+      leaf_type = Type::Optional(leaf_type);
     }
 
     Argument leaf;
@@ -191,9 +142,8 @@ class Lowerer {
       leaf.alias_info = origin.alias_info;
       info.mutated = IsWrite(*origin.alias_info);
     }
-    if (leaf.default_value && leaf.default_value->kind == Value::Kind::kNone &&
-        !leaf_type->is_optional() && leaf_type->kind != TypeKind::kTensor &&
-        leaf_type->kind != TypeKind::kGenerator) {
+    if (leaf.default_value && leaf.default_value->kind == Value::Kind::kNone && !leaf_type->is_optional() &&
+        leaf_type->kind != TypeKind::kTensor && leaf_type->kind != TypeKind::kGenerator) {
       throw Error(ErrorKind::kValueError, op_, where,
                   "has default None but type " + TypeStr(*type) + " is not optional.",
                   "Make the type optional or give a non-None default.");
@@ -209,9 +159,8 @@ class Lowerer {
     return node;
   }
 
-  MappingNode ExpandStruct(const Argument& origin, const std::string& name,
-                           const std::string& flat_name, const std::string& path,
-                           const TypePtr& type, const std::optional<Value>& def,
+  MappingNode ExpandStruct(const Argument& origin, const std::string& name, const std::string& flat_name,
+                           const std::string& path, const TypePtr& type, const std::optional<Value>& def,
                            bool force_optional, const std::string& where) {
     const Type& unopt = type->unwrap_optional();
     auto st = registry_.FindStruct(unopt.name);
@@ -226,8 +175,7 @@ class Lowerer {
                   "Use a " + st->name + " instance, or None for an optional struct.");
     }
     if (def && def->kind == Value::Kind::kNone && !optional && !force_optional) {
-      throw Error(ErrorKind::kValueError, op_, where,
-                  "has default None but struct " + st->name + " is not optional.",
+      throw Error(ErrorKind::kValueError, op_, where, "has default None but struct " + st->name + " is not optional.",
                   "Annotate it as Optional[" + st->name + "].");
     }
     MappingNode node;
@@ -253,34 +201,26 @@ class Lowerer {
     const bool saved_field_defaults = in_field_defaults_;
     if (!def && !optional && !force_optional) in_field_defaults_ = true;
     for (const auto& field : st->fields) {
-      std::optional<Value> field_def;
-      if (def && def->kind == Value::Kind::kNone) {
-        field_def = Value::None();
-      } else if (def) {
-        auto it = std::find(def->names.begin(), def->names.end(), field.name);
-        if (it != def->names.end()) {
-          field_def = def->items[static_cast<size_t>(it - def->names.begin())];
-        } else {
-          field_def = field.default_value;
-        }
-      } else if (in_field_defaults_) {
-        field_def = field.default_value;
-      }
-      node.children.push_back(Expand(origin, field.name, flat_name + "__" + field.name,
-                                     path + "." + field.name, field.type, field_def,
-                                     force_optional || optional,
+      node.children.push_back(Expand(origin, field.name, flat_name + "__" + field.name, path + "." + field.name,
+                                     field.type, FieldDefault(field, def), force_optional || optional,
                                      where + ", field " + st->name + "." + field.name));
     }
     in_field_defaults_ = saved_field_defaults;
     return node;
   }
 
-  MappingNode ExpandReturn(const Argument& ret, const TypePtr& type) {
-    return ExpandReturnType(ret, ret.name, type, "return value");
+  // A field's value in its struct's default `def` (None in a None default),
+  // else the field's own default where one applies.
+  std::optional<Value> FieldDefault(const StructField& field, const std::optional<Value>& def) const {
+    if (!def) return in_field_defaults_ ? field.default_value : std::nullopt;
+    if (def->kind == Value::Kind::kNone) return Value::None();
+    auto it = std::find(def->names.begin(), def->names.end(), field.name);
+    if (it == def->names.end()) return field.default_value;
+    return def->items[static_cast<size_t>(it - def->names.begin())];
   }
 
-  MappingNode ExpandReturnType(const Argument& ret, const std::string& name, const TypePtr& type,
-                               const std::string& where) {
+  MappingNode ExpandReturn(const Argument& ret, const std::string& name, const TypePtr& type,
+                           const std::string& where) {
     MappingNode node;
     node.name = name;
     if (type->kind == TypeKind::kStruct) {
@@ -290,8 +230,8 @@ class Lowerer {
       for (const auto& field : st->fields) {
         Argument leaf;
         leaf.type = field.type;
-        node.children.push_back(ExpandReturnType(leaf, field.name, field.type,
-                                                 where + ", field " + st->name + "." + field.name));
+        node.children.push_back(
+            ExpandReturn(leaf, field.name, field.type, where + ", field " + st->name + "." + field.name));
       }
       return node;
     }
@@ -308,27 +248,10 @@ class Lowerer {
   // What a body may return, besides structs of these: Tensor, Tensor[], and
   // the scalars torch turns into Python numbers.
   void CheckReturnLeaf(const Type& type, const std::string& where) {
-    bool ok = false;
-    if (!type.is_optional()) {
-      switch (type.kind) {
-        case TypeKind::kTensor:
-        case TypeKind::kInt:
-        case TypeKind::kSymInt:
-        case TypeKind::kFloat:
-        case TypeKind::kBool:
-        case TypeKind::kScalar:
-          ok = true;
-          break;
-        case TypeKind::kList:
-          ok = type.element().kind == TypeKind::kTensor;
-          break;
-        default:
-          break;
-      }
-    }
+    const bool ok = IsOneOf(type.kind, kReturnKinds) ||
+                    (type.kind == TypeKind::kList && type.element().kind == TypeKind::kTensor);
     if (!ok) {
-      throw Error(ErrorKind::kTypeError, op_, where,
-                  "type " + TypeStr(type) + " cannot be returned from an op.",
+      throw Error(ErrorKind::kTypeError, op_, where, "type " + TypeStr(type) + " cannot be returned from an op.",
                   "Return Tensor, tuple[Tensor, ...], list[Tensor], a frozen dataclass of tensors, "
                   "int, float, bool or None.");
     }
@@ -354,8 +277,7 @@ class Lowerer {
       auto [it, inserted] = seen.emplace(name, path);
       if (!inserted) {
         throw Error(ErrorKind::kValueError, op_, "parameter '" + path.substr(0, path.find('.')) + "'",
-                    "its flat argument name '" + name + "' collides with the one from '" +
-                        it->second + "'.",
+                    "its flat argument name '" + name + "' collides with the one from '" + it->second + "'.",
                     "Rename the parameter or the field.");
       }
     }
@@ -366,25 +288,22 @@ class Lowerer {
   // earlier positional defaults are dropped then (the front ends still apply
   // the original defaults).
   void RestoreDefaultOrder() {
-    int last_required = -1;
     auto& args = out_.flat.arguments;
-    for (int i = 0; i < static_cast<int>(args.size()); ++i) {
-      if (!args[static_cast<size_t>(i)].kwarg_only && !args[static_cast<size_t>(i)].default_value) {
-        last_required = i;
-      }
+    size_t last_required = 0;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (!args[i].kwarg_only && !args[i].default_value) last_required = i;
     }
-    for (int i = 0; i < last_required; ++i) {
-      auto& arg = args[static_cast<size_t>(i)];
-      if (!arg.kwarg_only && arg.default_value) {
+    for (size_t i = 0; i < last_required; ++i) {
+      if (!args[i].kwarg_only && args[i].default_value) {
         // A field default of a required struct is a convenience for torch.ops
         // callers; losing it here changes nothing for the front ends.
-        if (!out_.leaves[static_cast<size_t>(i)].default_from_field) {
-          out_.warnings.push_back("the default of '" + arg.name +
+        if (!out_.leaves[i].default_from_field) {
+          out_.warnings.push_back("the default of '" + args[i].name +
                                   "' is not in the flat schema because a later positional "
                                   "argument has none");
         }
-        arg.default_value.reset();
-        out_.leaves[static_cast<size_t>(i)].default_from_field = false;
+        args[i].default_value.reset();
+        out_.leaves[i].default_from_field = false;
       }
     }
   }
@@ -495,11 +414,11 @@ std::vector<int> ResolveTensorLeafIndices(const LoweredOp& op, const std::vector
 }
 
 void CheckOpName(const std::string& name) {
-  if (!ValidOpName(name)) {
+  const size_t sep = name.find("::");
+  if (sep == std::string::npos || sep == 0 || sep + 2 >= name.size() || name.find("::", sep + 2) != std::string::npos) {
     throw Error(ErrorKind::kValueError, name, "", "the op name must have the form 'namespace::name'.",
                 "Add a namespace, e.g. 'mylib::" + name.substr(name.rfind(':') + 1) + "'.");
   }
-  const size_t sep = name.find("::");
   for (const std::string& part : {name.substr(0, sep), name.substr(sep + 2)}) {
     if (!IsIdentifier(part)) {
       throw Error(ErrorKind::kValueError, name, "",
@@ -509,11 +428,10 @@ void CheckOpName(const std::string& name) {
   }
 }
 
-void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::string& op,
-                    const std::string& where) {
+void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::string& op, const std::string& where) {
   const Type& t = type.unwrap_optional();
   if (t.kind == TypeKind::kOptional) Unsupported(type, op, where);
-  if (IsPlainLeafKind(t.kind)) return;
+  if (IsOneOf(t.kind, kPlainLeafKinds)) return;
   switch (t.kind) {
     case TypeKind::kStruct:
       if (!registry.FindStruct(t.name)) {
@@ -534,13 +452,10 @@ void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::s
       const Type& elem = t.element();
       const Type& base = elem.unwrap_optional();
       // Optional elements only for Tensor?[] and Scalar?[], as in torch.
-      bool ok = IsListElementKind(base.kind) &&
-                (!elem.is_optional() || base.kind == TypeKind::kTensor ||
-                 base.kind == TypeKind::kScalar);
-      if (ok && (base.kind == TypeKind::kEnum || base.kind == TypeKind::kLiteral)) {
-        CheckLowerable(base, registry, op, where);
-      }
+      bool ok = IsOneOf(base.kind, kListElementKinds) &&
+                (!elem.is_optional() || base.kind == TypeKind::kTensor || base.kind == TypeKind::kScalar);
       if (!ok) Unsupported(type, op, where);
+      if (base.kind == TypeKind::kEnum || base.kind == TypeKind::kLiteral) CheckLowerable(base, registry, op, where);
       return;
     }
     default:
@@ -561,13 +476,11 @@ bool LoweredOp::is_identity() const {
   return true;
 }
 
-LoweredOp Lower(const FunctionSchema& spec, const LowerOptions& options,
-                const TypeRegistry& registry) {
+LoweredOp Lower(const FunctionSchema& spec, const LowerOptions& options, const TypeRegistry& registry) {
   return Lowerer(spec, options, registry).Run();
 }
 
-LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options,
-                    const TypeRegistry& registry) {
+LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options, const TypeRegistry& registry) {
   ParseOptions parse;
   parse.registry = &registry;
   parse.allow_default_before_required = true;
@@ -576,8 +489,7 @@ LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options,
   try {
     spec = ParseSchema(spec_text, parse);
   } catch (const ParseError& e) {
-    std::string name(spec_text.substr(0, spec_text.find('(')));
-    throw Error(ErrorKind::kValueError, name, "", std::string(e.what()));
+    throw ParseError(e, std::string(spec_text.substr(0, spec_text.find('('))));
   }
   return Lower(spec, options, registry);
 }

@@ -1,6 +1,7 @@
 // The schema model and its printer. Printing mirrors torch's
 // `operator<<(std::ostream&, const FunctionSchema&)` and IValue printing, so
 // `ToString(ParseSchema(s)) == str(torch._C.parse_schema(s))`.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -9,132 +10,19 @@
 #include <map>
 #include <set>
 
-#include "core/error.h"
 #include "core/schema.h"
 
 namespace opforge {
-
-Value Value::Bool(bool v) {
-  Value out;
-  out.kind = Kind::kBool;
-  out.b = v;
-  return out;
-}
-Value Value::Int(int64_t v) {
-  Value out;
-  out.kind = Kind::kInt;
-  out.i = v;
-  return out;
-}
-Value Value::Double(double v) {
-  Value out;
-  out.kind = Kind::kDouble;
-  out.d = v;
-  return out;
-}
-Value Value::Complex(double re, double im) {
-  Value out;
-  out.kind = Kind::kComplex;
-  out.d = re;
-  out.imag = im;
-  return out;
-}
-Value Value::String(std::string v) {
-  Value out;
-  out.kind = Kind::kString;
-  out.s = std::move(v);
-  return out;
-}
-Value Value::Device(std::string v) {
-  Value out;
-  out.kind = Kind::kDevice;
-  out.s = std::move(v);
-  return out;
-}
-Value Value::List(std::vector<Value> v) {
-  Value out;
-  out.kind = Kind::kList;
-  out.items = std::move(v);
-  return out;
-}
-Value Value::Struct(std::vector<std::string> names, std::vector<Value> v) {
-  Value out;
-  out.kind = Kind::kStruct;
-  out.names = std::move(names);
-  out.items = std::move(v);
-  return out;
-}
-
-bool Value::operator==(const Value& o) const {
-  if (kind != o.kind) return false;
-  switch (kind) {
-    case Kind::kNone:
-      return true;
-    case Kind::kBool:
-      return b == o.b;
-    case Kind::kInt:
-      return i == o.i;
-    case Kind::kDouble:
-      // Bitwise, so -0.0 != 0.0 and a NaN default equals itself.
-      return std::memcmp(&d, &o.d, sizeof(d)) == 0;
-    case Kind::kComplex:
-      return std::memcmp(&d, &o.d, sizeof(d)) == 0 &&
-             std::memcmp(&imag, &o.imag, sizeof(imag)) == 0;
-    case Kind::kString:
-    case Kind::kDevice:
-      return s == o.s;
-    case Kind::kList:
-      return items == o.items;
-    case Kind::kStruct:
-      return names == o.names && items == o.items;
-  }
-  return false;
-}
-
-TypePtr Type::Get(TypeKind kind) {
-  // One shared instance per leaf kind; composites are built per use.
-  static const auto* cache = [] {
-    auto* table = new std::vector<TypePtr>();
-    for (int k = 0; k <= static_cast<int>(TypeKind::kHandle); ++k) {
-      table->push_back(std::make_shared<Type>(Type{static_cast<TypeKind>(k), {}, {}, {}}));
-    }
-    return table;
-  }();
-  return (*cache)[static_cast<size_t>(kind)];
-}
-
-TypePtr Type::Named(TypeKind kind, std::string name) {
-  return std::make_shared<Type>(Type{kind, std::move(name), {}, {}});
-}
-
-TypePtr Type::List(TypePtr element) {
-  return std::make_shared<Type>(Type{TypeKind::kList, {}, {std::move(element)}, {}});
-}
-
-TypePtr Type::Optional(TypePtr element) {
-  return std::make_shared<Type>(Type{TypeKind::kOptional, {}, {std::move(element)}, {}});
-}
-
-TypePtr Type::Composite(TypeKind kind, std::vector<TypePtr> elements) {
-  return std::make_shared<Type>(Type{kind, {}, std::move(elements), {}});
-}
-
-TypePtr Type::Literal(std::vector<Value> values) {
-  return std::make_shared<Type>(Type{TypeKind::kLiteral, {}, {}, std::move(values)});
-}
-
-bool operator==(const Type& a, const Type& b) {
-  if (a.kind != b.kind || a.name != b.name || a.literals != b.literals ||
-      a.elements.size() != b.elements.size()) {
-    return false;
-  }
-  for (size_t i = 0; i < a.elements.size(); ++i) {
-    if (!(*a.elements[i] == *b.elements[i])) return false;
-  }
-  return true;
-}
-
 namespace {
+
+// A Value of `kind` with `member` set to `v` and the other members at their defaults.
+template <typename T>
+Value Make(Value::Kind kind, T Value::*member, T v) {
+  Value out;
+  out.kind = kind;
+  out.*member = std::move(v);
+  return out;
+}
 
 const char* LeafName(TypeKind kind, bool annotation) {
   switch (kind) {
@@ -282,9 +170,7 @@ void AppendValue(std::string& out, const Value& v, bool quote_strings) {
   }
 }
 
-std::set<std::string> Sorted(const std::vector<std::string>& sets) {
-  return {sets.begin(), sets.end()};
-}
+std::set<std::string> Sorted(const std::vector<std::string>& sets) { return {sets.begin(), sets.end()}; }
 
 bool SameSets(const std::vector<std::string>& a, const std::vector<std::string>& b) {
   return a == b || Sorted(a) == Sorted(b);
@@ -298,8 +184,6 @@ void AppendSets(std::string& out, const std::vector<std::string>& sets) {
     if (i) out += "|";
   }
 }
-
-}  // namespace
 
 void AppendType(std::string& out, const Type& type) {
   if (const char* leaf = LeafName(type.kind, false)) {
@@ -318,15 +202,10 @@ void AppendType(std::string& out, const Type& type) {
       out += type.name;
       out += ")";
       return;
-    case TypeKind::kLiteral: {
-      out += "Literal[";
-      for (size_t i = 0; i < type.literals.size(); ++i) {
-        if (i) out += ", ";
-        AppendValue(out, type.literals[i], /*quote_strings=*/true);
-      }
-      out += "]";
+    case TypeKind::kLiteral:
+      out += "Literal";
+      AppendValue(out, Value::List(type.literals), /*quote_strings=*/true);
       return;
-    }
     case TypeKind::kList:
       AppendType(out, type.element());
       out += "[]";
@@ -353,41 +232,6 @@ void AppendType(std::string& out, const Type& type) {
   }
 }
 
-std::string TypeStr(const Type& type) {
-  std::string out;
-  AppendType(out, type);
-  return out;
-}
-
-std::string AnnotationStr(const Type& type) {
-  if (const char* leaf = LeafName(type.kind, true)) return leaf;
-  switch (type.kind) {
-    case TypeKind::kList: return "List[" + AnnotationStr(type.element()) + "]";
-    case TypeKind::kOptional: return "Optional[" + AnnotationStr(type.element()) + "]";
-    case TypeKind::kTuple: return "Tuple[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kDict: return "Dict[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kFuture: return "Future[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kRRef: return "RRef[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kAwait: return "Await[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kUnion: return "Union[" + JoinTypes(type.elements, true) + "]";
-    default: return TypeStr(type);
-  }
-}
-
-bool IsTensorLike(const Type& type) {
-  const Type& t = type.unwrap_optional();
-  if (t.kind == TypeKind::kTensor) return true;
-  if (t.kind == TypeKind::kList) {
-    return t.element().unwrap_optional().kind == TypeKind::kTensor;
-  }
-  return false;
-}
-
-bool AliasInfo::operator==(const AliasInfo& o) const {
-  return SameSets(before_sets, o.before_sets) && SameSets(after_sets, o.after_sets) &&
-         is_write == o.is_write && contained == o.contained;
-}
-
 void AppendAlias(std::string& out, const AliasInfo& alias_info) {
   out += "(";
   AppendSets(out, alias_info.before_sets);
@@ -397,18 +241,6 @@ void AppendAlias(std::string& out, const AliasInfo& alias_info) {
     AppendSets(out, alias_info.after_sets);
   }
   out += ")";
-}
-
-std::string ToString(const AliasInfo& alias_info) {
-  std::string out;
-  AppendAlias(out, alias_info);
-  return out;
-}
-
-std::string ValueToString(const Value& value) {
-  std::string out;
-  AppendValue(out, value, /*quote_strings=*/false);
-  return out;
 }
 
 void AppendDefault(std::string& out, const Value& value, const Type& type, bool definable = false) {
@@ -428,12 +260,6 @@ void AppendDefault(std::string& out, const Value& value, const Type& type, bool 
   } else {
     AppendValue(out, value, false);
   }
-}
-
-std::string DefaultToString(const Value& value, const Type& type) {
-  std::string out;
-  AppendDefault(out, value, type);
-  return out;
 }
 
 void AppendArgument(std::string& out, const Argument& arg, bool definable = false) {
@@ -462,14 +288,6 @@ void AppendArgument(std::string& out, const Argument& arg, bool definable = fals
     AppendDefault(out, *arg.default_value, type, definable);
   }
 }
-
-std::string ToString(const Argument& arg) {
-  std::string out;
-  AppendArgument(out, arg);
-  return out;
-}
-
-namespace {
 
 std::string PrintSchema(const FunctionSchema& schema, bool definable) {
   std::string out;
@@ -514,12 +332,6 @@ std::string PrintSchema(const FunctionSchema& schema, bool definable) {
   return out;
 }
 
-}  // namespace
-
-std::string ToString(const FunctionSchema& schema) { return PrintSchema(schema, false); }
-
-namespace {
-
 void CollectSets(const AliasInfo& info, std::set<std::string>& out) {
   out.insert(info.before_sets.begin(), info.before_sets.end());
   out.insert(info.after_sets.begin(), info.after_sets.end());
@@ -529,11 +341,12 @@ void CollectSets(const AliasInfo& info, std::set<std::string>& out) {
 // `Tensor!` is a write to a fresh alias set that torch names `$0` and prints
 // as `Tensor($0! -> )`, which its parser rejects. The same write to a named
 // set that no other argument uses means the same to torch: `Tensor(_0!)`.
-void NameFreshSets(AliasInfo& info, std::map<std::string, std::string>& names,
-                   const std::set<std::string>& taken) {
+bool IsFresh(const std::string& set) { return !set.empty() && set[0] == '$'; }
+
+void NameFreshSets(AliasInfo& info, std::map<std::string, std::string>& names, const std::set<std::string>& taken) {
   bool fresh = false;
   for (auto& set : info.before_sets) {
-    if (set.empty() || set[0] != '$') continue;
+    if (!IsFresh(set)) continue;
     auto it = names.find(set);
     if (it == names.end()) {
       std::string name = "_" + set.substr(1);
@@ -547,19 +360,142 @@ void NameFreshSets(AliasInfo& info, std::map<std::string, std::string>& names,
   for (auto& c : info.contained) NameFreshSets(c, names, taken);
 }
 
+// The text `append` writes for `args`.
+template <typename F, typename... Args>
+std::string Printed(F append, const Args&... args) {
+  std::string out;
+  append(out, args...);
+  return out;
+}
+
 }  // namespace
+
+Value Value::Bool(bool v) { return Make(Kind::kBool, &Value::b, v); }
+Value Value::Int(int64_t v) { return Make(Kind::kInt, &Value::i, v); }
+Value Value::Double(double v) { return Make(Kind::kDouble, &Value::d, v); }
+Value Value::String(std::string v) { return Make(Kind::kString, &Value::s, std::move(v)); }
+Value Value::Device(std::string v) { return Make(Kind::kDevice, &Value::s, std::move(v)); }
+Value Value::List(std::vector<Value> v) { return Make(Kind::kList, &Value::items, std::move(v)); }
+
+Value Value::Complex(double re, double im) {
+  Value out = Make(Kind::kComplex, &Value::d, re);
+  out.imag = im;
+  return out;
+}
+
+Value Value::Struct(std::vector<std::string> names, std::vector<Value> v) {
+  Value out = Make(Kind::kStruct, &Value::items, std::move(v));
+  out.names = std::move(names);
+  return out;
+}
+
+bool Value::operator==(const Value& o) const {
+  if (kind != o.kind) return false;
+  // Doubles compare bitwise, so -0.0 != 0.0 and a NaN default equals itself.
+  const auto same_bits = [](double x, double y) { return std::memcmp(&x, &y, sizeof(x)) == 0; };
+  switch (kind) {
+    case Kind::kNone: return true;
+    case Kind::kBool: return b == o.b;
+    case Kind::kInt: return i == o.i;
+    case Kind::kDouble: return same_bits(d, o.d);
+    case Kind::kComplex: return same_bits(d, o.d) && same_bits(imag, o.imag);
+    case Kind::kString:
+    case Kind::kDevice: return s == o.s;
+    case Kind::kList: return items == o.items;
+    case Kind::kStruct: return names == o.names && items == o.items;
+  }
+  return false;
+}
+
+TypePtr Type::Get(TypeKind kind) {
+  // One shared instance per leaf kind; composites are built per use.
+  static const auto* cache = [] {
+    auto* table = new std::vector<TypePtr>();
+    for (int k = 0; k <= static_cast<int>(TypeKind::kHandle); ++k) {
+      table->push_back(std::make_shared<Type>(Type{static_cast<TypeKind>(k), {}, {}, {}}));
+    }
+    return table;
+  }();
+  return (*cache)[static_cast<size_t>(kind)];
+}
+
+TypePtr Type::Named(TypeKind kind, std::string name) {
+  return std::make_shared<Type>(Type{kind, std::move(name), {}, {}});
+}
+
+TypePtr Type::Composite(TypeKind kind, std::vector<TypePtr> elements) {
+  return std::make_shared<Type>(Type{kind, {}, std::move(elements), {}});
+}
+
+TypePtr Type::List(TypePtr element) { return Composite(TypeKind::kList, {std::move(element)}); }
+TypePtr Type::Optional(TypePtr element) { return Composite(TypeKind::kOptional, {std::move(element)}); }
+
+TypePtr Type::Literal(std::vector<Value> values) {
+  return std::make_shared<Type>(Type{TypeKind::kLiteral, {}, {}, std::move(values)});
+}
+
+bool operator==(const Type& a, const Type& b) {
+  return a.kind == b.kind && a.name == b.name && a.literals == b.literals &&
+         std::equal(a.elements.begin(), a.elements.end(), b.elements.begin(), b.elements.end(),
+                    [](const TypePtr& x, const TypePtr& y) { return *x == *y; });
+}
+
+std::string TypeStr(const Type& type) { return Printed(AppendType, type); }
+
+std::string AnnotationStr(const Type& type) {
+  if (const char* leaf = LeafName(type.kind, true)) return leaf;
+  switch (type.kind) {
+    case TypeKind::kList: return "List[" + AnnotationStr(type.element()) + "]";
+    case TypeKind::kOptional: return "Optional[" + AnnotationStr(type.element()) + "]";
+    case TypeKind::kTuple: return "Tuple[" + JoinTypes(type.elements, true) + "]";
+    case TypeKind::kDict: return "Dict[" + JoinTypes(type.elements, true) + "]";
+    case TypeKind::kFuture: return "Future[" + JoinTypes(type.elements, true) + "]";
+    case TypeKind::kRRef: return "RRef[" + JoinTypes(type.elements, true) + "]";
+    case TypeKind::kAwait: return "Await[" + JoinTypes(type.elements, true) + "]";
+    case TypeKind::kUnion: return "Union[" + JoinTypes(type.elements, true) + "]";
+    default: return TypeStr(type);
+  }
+}
+
+TypePtr LeafType(std::string_view name) {
+  for (int k = 0; k <= static_cast<int>(TypeKind::kHandle); ++k) {
+    const char* leaf = LeafName(static_cast<TypeKind>(k), /*annotation=*/false);
+    if (leaf && name == leaf) return Type::Get(static_cast<TypeKind>(k));
+  }
+  return nullptr;
+}
+
+bool IsTensorLike(const Type& type) {
+  const Type& t = type.unwrap_optional();
+  const Type& base = t.kind == TypeKind::kList ? t.element().unwrap_optional() : t;
+  return base.kind == TypeKind::kTensor;
+}
+
+bool AliasInfo::operator==(const AliasInfo& o) const {
+  return SameSets(before_sets, o.before_sets) && SameSets(after_sets, o.after_sets) &&
+         is_write == o.is_write && contained == o.contained;
+}
+
+std::string ToString(const AliasInfo& alias_info) { return Printed(AppendAlias, alias_info); }
+
+std::string ValueToString(const Value& value) { return Printed(AppendValue, value, /*quote_strings=*/false); }
+
+std::string DefaultToString(const Value& value, const Type& type) {
+  return Printed(AppendDefault, value, type, /*definable=*/false);
+}
+
+std::string ToString(const Argument& arg) { return Printed(AppendArgument, arg, /*definable=*/false); }
+
+std::string ToString(const FunctionSchema& schema) { return PrintSchema(schema, false); }
 
 std::string ToDefinableString(const FunctionSchema& schema) {
   std::set<std::string> taken;
-  bool has_fresh = false;
   for (const auto* list : {&schema.arguments, &schema.returns}) {
     for (const auto& arg : *list) {
-      if (!arg.alias_info) continue;
-      CollectSets(*arg.alias_info, taken);
+      if (arg.alias_info) CollectSets(*arg.alias_info, taken);
     }
   }
-  for (const auto& set : taken) has_fresh = has_fresh || (!set.empty() && set[0] == '$');
-  if (!has_fresh) return PrintSchema(schema, true);
+  if (std::none_of(taken.begin(), taken.end(), IsFresh)) return PrintSchema(schema, true);
   FunctionSchema named = schema;
   std::map<std::string, std::string> names;
   for (auto* list : {&named.arguments, &named.returns}) {

@@ -132,6 +132,9 @@ std::string TypeStr(const Type& type);
 // (`str(arg.real_type)`). Used to compare structure with torch.
 std::string AnnotationStr(const Type& type);
 
+// The leaf type a schema writes as `name` ("Tensor", "SymInt"), or nullptr.
+TypePtr LeafType(std::string_view name);
+
 // True for Tensor, Tensor?, Tensor[], Tensor?[] and optionals of those.
 bool IsTensorLike(const Type& type);
 
@@ -162,9 +165,7 @@ struct FunctionSchema {
   bool is_vararg = false;
   bool is_varret = false;
 
-  std::string qualified_name() const {
-    return overload.empty() ? name : name + "." + overload;
-  }
+  std::string qualified_name() const { return overload.empty() ? name : name + "." + overload; }
 };
 
 struct ParseOptions {
@@ -184,8 +185,7 @@ FunctionSchema ParseSchema(std::string_view text, const ParseOptions& options = 
 // A single type, e.g. a struct field's type: "float", "Tensor?", "AttnCfg".
 TypePtr ParseType(std::string_view text, const ParseOptions& options = {});
 // A single constant for a type, e.g. "1e-5" for float, "[0, 1]" for int[].
-Value ParseDefault(std::string_view text, const Type& type,
-                   std::optional<int32_t> N = std::nullopt,
+Value ParseDefault(std::string_view text, const Type& type, std::optional<int32_t> N = std::nullopt,
                    const ParseOptions& options = {});
 
 // Printing, exactly as torch's `str(schema)` prints.

@@ -3,6 +3,7 @@
 // annotations) so that parsed schemas print exactly as torch prints them, and
 // it additionally accepts torch's printed forms that torch cannot read back
 // (`Device d=cpu`, `Tensor?(a)[]`).
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <string>
@@ -67,15 +68,11 @@ class Lexer {
   }
 
   const Token& cur() const { return tokens_[index_]; }
-  const Token& lookahead() const {
-    return tokens_[index_ + 1 < tokens_.size() ? index_ + 1 : index_];
-  }
+  const Token& lookahead() const { return tokens_[index_ + 1 < tokens_.size() ? index_ + 1 : index_]; }
   std::string_view text(const Token& tok) const {
     return std::string_view(src_).substr(tok.begin, tok.end - tok.begin);
   }
-  std::string_view source() const {
-    return std::string_view(src_).substr(0, src_.size() - 1);
-  }
+  std::string_view source() const { return std::string_view(src_).substr(0, src_.size() - 1); }
 
   Token next() {
     Token tok = tokens_[index_];
@@ -93,8 +90,8 @@ class Lexer {
   }
 
   [[noreturn]] void Fail(const std::string& what) const { Fail(what, cur()); }
-  [[noreturn]] void Fail(const std::string& what, const Token& at) const {
-    throw ParseError(std::string(source()), at.begin, what);
+  [[noreturn]] void Fail(const std::string& what, const Token& at, std::string unknown_type = "") const {
+    throw ParseError(std::string(source()), at.begin, what, std::move(unknown_type));
   }
 
   std::string Describe(const Token& tok) const {
@@ -175,29 +172,23 @@ class Lexer {
       if ((c == ')' || c == ']' || c == '}') && nesting > 0) --nesting;
       return {c, pos, pos + 1};
     }
-    throw ParseError(std::string(source()), pos,
-                     std::string("unexpected character '") + c + "'");
+    throw ParseError(std::string(source()), pos, std::string("unexpected character '") + c + "'");
   }
 
   Token LexString(size_t start) {
     const std::string& s = src_;
     const size_t n = s.size() - 1;
-    const char quote = s[start];
-    auto count = [&](size_t at, size_t len) {
-      if (at + len > n) return false;
-      for (size_t i = 0; i < len; ++i) {
-        if (s[at + i] != quote) return false;
-      }
-      return true;
-    };
-    const size_t quote_len = count(start, 3) ? 3 : 1;
+    const std::string quotes(3, s[start]);
+    // Whether `len` quote characters start at `at`.
+    auto quotes_at = [&](size_t at, size_t len) { return at + len <= n && s.compare(at, len, quotes, 0, len) == 0; };
+    const size_t quote_len = quotes_at(start, 3) ? 3 : 1;
     size_t end = start + quote_len;
-    while (end < n && !count(end, quote_len)) {
+    while (end < n && !quotes_at(end, quote_len)) {
       if (s[end] == '\n' && quote_len != 3) break;
       if (s[end] == '\\') ++end;
       ++end;
     }
-    if (end >= n || !count(end, quote_len)) {
+    if (end >= n || !quotes_at(end, quote_len)) {
       throw ParseError(std::string(source()), start, "unterminated string literal");
     }
     return {kString, start, end + quote_len};
@@ -211,8 +202,7 @@ class Lexer {
 // torch's parseStringLiteral: strips quotes and resolves escapes.
 std::string UnquoteString(const Lexer& L, const Token& tok) {
   std::string_view raw = L.text(tok);
-  const size_t quote_len =
-      raw.size() >= 6 && raw[0] == raw[1] && raw[1] == raw[2] ? 3 : 1;
+  const size_t quote_len = raw.size() >= 6 && raw[0] == raw[1] && raw[1] == raw[2] ? 3 : 1;
   std::string out(raw.substr(quote_len, raw.size() - 2 * quote_len));
   size_t pos = out.find('\\');
   while (pos != std::string::npos) {
@@ -265,32 +255,9 @@ TypeKind FakeKind(TypeKind kind) {
   }
 }
 
-struct LeafEntry {
-  const char* name;
-  TypeKind kind;
-};
-
-const LeafEntry kLeafTypes[] = {
-    {"Generator", TypeKind::kGenerator},   {"Dimname", TypeKind::kStr}  /* as torch <= 2.12: a str */,
-    {"ScalarType", TypeKind::kScalarType}, {"Layout", TypeKind::kLayout},
-    {"MemoryFormat", TypeKind::kMemoryFormat}, {"Storage", TypeKind::kStorage},
-    {"QScheme", TypeKind::kQScheme},       {"Quantizer", TypeKind::kQuantizer},
-    {"ConstQuantizerPtr", TypeKind::kInt}, {"DeviceIndex", TypeKind::kInt},
-    {"Device", TypeKind::kDevice},
-    {"Stream", TypeKind::kStream},         {"Scalar", TypeKind::kScalar},
-    {"str", TypeKind::kStr},               {"float", TypeKind::kFloat},
-    {"complex", TypeKind::kComplex},       {"int", TypeKind::kInt},
-    {"SymInt", TypeKind::kSymInt},         {"bool", TypeKind::kBool},
-    {"SymBool", TypeKind::kSymBool},       {"Capsule", TypeKind::kCapsule},
-    {"Any", TypeKind::kAny},               {"AnyClassType", TypeKind::kAnyClass},
-    {"AnyEnumType", TypeKind::kAnyEnum},   {"Tensor", TypeKind::kTensor},
-    {"PyObject", TypeKind::kPyObject},
-};
-
 class SchemaParser {
  public:
-  SchemaParser(std::string_view text, const ParseOptions& options)
-      : L(text), options_(options) {}
+  SchemaParser(std::string_view text, const ParseOptions& options) : L(text), options_(options) {}
 
   FunctionSchema ParseDeclaration() {
     FunctionSchema schema;
@@ -338,8 +305,7 @@ class SchemaParser {
   TypePtr ParseWholeType() {
     auto [type, alias] = ParseType();
     if (L.nextIf('[')) {
-      Token n = L.expect(kNumber);
-      ToInt(n);
+      ToInt(L.expect(kNumber));
       L.expect(']');
       type = Type::List(type);
       if (L.nextIf('?')) type = Type::Optional(type);
@@ -392,8 +358,7 @@ class SchemaParser {
         seen_default = true;
       } else if (seen_default) {
         throw ParseError(std::string(L.source()), 0,
-                         "non-default positional argument '" + arg.name +
-                             "' follows an argument with a default");
+                         "non-default positional argument '" + arg.name + "' follows an argument with a default");
       }
     }
   }
@@ -406,15 +371,7 @@ class SchemaParser {
       type = Type::List(type);
       arg.N = static_cast<int32_t>(ToInt(L.expect(kNumber)));
       L.expect(']');
-      auto container = ParseAliasAnnotation();
-      if (alias) {
-        if (!container) {
-          container = AliasInfo();
-          container->is_write = alias->is_write;
-        }
-        container->contained.push_back(std::move(*alias));
-      }
-      alias = std::move(container);
+      alias = ListAlias(std::move(alias));
       if (L.nextIf('?')) type = Type::Optional(type);
     }
     arg.type = type;
@@ -443,9 +400,7 @@ class SchemaParser {
       L.expect('(');
       TypePtr sub = ParseType().first;
       L.expect(')');
-      TypeKind kind = word == "Future" ? TypeKind::kFuture
-                      : word == "RRef" ? TypeKind::kRRef
-                                       : TypeKind::kAwait;
+      TypeKind kind = word == "Future" ? TypeKind::kFuture : word == "RRef" ? TypeKind::kRRef : TypeKind::kAwait;
       value = Type::Composite(kind, {sub});
     } else if (word == "Dict") {
       L.next();
@@ -464,16 +419,13 @@ class SchemaParser {
     } else if (word == "__torch__") {
       L.next();
       std::string name = "__torch__";
-      for (const char* part : {"torch", "classes"}) {
+      // __torch__.torch.classes.<namespace>.<Name>; "" takes any name.
+      for (const char* part : {"torch", "classes", "", ""}) {
         L.expect('.');
-        Token t = L.expect(kIdent);
-        if (L.text(t) != part) L.Fail("expected '" + std::string(part) + "' in a custom class name", t);
-        name += "." + std::string(part);
+        const Token t = L.expect(kIdent);
+        if (*part && L.text(t) != part) L.Fail("expected '" + std::string(part) + "' in a custom class name", t);
+        name += "." + std::string(L.text(t));
       }
-      L.expect('.');
-      name += "." + Ident();
-      L.expect('.');
-      name += "." + Ident();
       value = Type::Named(TypeKind::kClass, name);
     } else if (options_.registry && word == "Literal" && L.lookahead().kind == '[') {
       value = ParseLiteral();
@@ -491,15 +443,7 @@ class SchemaParser {
         L.next();
         L.next();
         value = Type::List(value);
-        auto container = ParseAliasAnnotation();
-        if (alias) {
-          if (!container) {
-            container = AliasInfo();
-            container->is_write = alias->is_write;
-          }
-          container->contained.push_back(std::move(*alias));
-        }
-        alias = std::move(container);
+        alias = ListAlias(std::move(alias));
       } else if (L.nextIf('?')) {
         value = Type::Optional(value);
         // torch prints `Tensor(a)?[]` as `Tensor?(a)[]`; read that back too.
@@ -511,6 +455,20 @@ class SchemaParser {
       }
     }
     return {value, std::move(alias)};
+  }
+
+  // The annotation after a list's `[]`, with the element's annotation inside
+  // it; a list of written elements (`Tensor(a!)[]`) is itself written.
+  std::optional<AliasInfo> ListAlias(std::optional<AliasInfo> element) {
+    auto container = ParseAliasAnnotation();
+    if (element) {
+      if (!container) {
+        container = AliasInfo();
+        container->is_write = element->is_write;
+      }
+      container->contained.push_back(std::move(*element));
+    }
+    return container;
   }
 
   std::string DottedName() {
@@ -527,9 +485,10 @@ class SchemaParser {
     if (L.nextIf(kNone) || L.nextIf(kNoneType)) return Type::Get(TypeKind::kNone);
     if (tok.kind != kIdent) L.Fail("expected a type but found " + L.Describe(tok));
     std::string name = options_.registry ? DottedName() : Ident();
-    for (const auto& entry : kLeafTypes) {
-      if (name == entry.name) return Type::Get(entry.kind);
-    }
+    if (TypePtr leaf = LeafType(name)) return leaf;
+    // Names torch's parser reads as other leaves (Dimname as str, as torch <= 2.12 does).
+    if (name == "Dimname") return Type::Get(TypeKind::kStr);
+    if (name == "ConstQuantizerPtr" || name == "DeviceIndex") return Type::Get(TypeKind::kInt);
     if (options_.registry) {
       // A library's own types first: `NormCfg` in library `liba` is `liba.NormCfg`.
       if (!options_.scope.empty()) {
@@ -540,16 +499,11 @@ class SchemaParser {
       if (options_.registry->FindStruct(name)) return Type::Named(TypeKind::kStruct, name);
       if (options_.registry->FindEnum(name)) return Type::Named(TypeKind::kEnum, name);
     }
-    if (!name.empty() && std::islower(static_cast<unsigned char>(name[0])) &&
-        name.find('.') == std::string::npos) {
+    if (!name.empty() && std::islower(static_cast<unsigned char>(name[0])) && name.find('.') == std::string::npos) {
       return Type::Named(TypeKind::kVar, name);  // a type variable, as in torch
     }
-    if (options_.registry) {
-      L.Fail("unknown type '" + name +
-                 "'; register it as a struct or enum before using it in a schema",
-             tok);
-    }
-    L.Fail("unknown type '" + name + "'", tok);
+    const char* hint = options_.registry ? "; register it as a struct or enum before using it in a schema" : "";
+    L.Fail("unknown type '" + name + "'" + hint, tok, name);
   }
 
   TypePtr ParseLiteral() {
@@ -561,8 +515,7 @@ class SchemaParser {
         values.push_back(Value::String(UnquoteString(L, L.next())));
       } else if (tok.kind == kNumber || tok.kind == '-') {
         bool negative = L.nextIf('-');
-        Token num = L.expect(kNumber);
-        int64_t v = ToInt(num);
+        int64_t v = ToInt(L.expect(kNumber));
         values.push_back(Value::Int(negative ? -v : v));
       } else {
         L.Fail("Literal values must be strings or integers, found " + L.Describe(tok));
@@ -570,9 +523,7 @@ class SchemaParser {
     });
     if (values.empty()) L.Fail("Literal[] needs at least one value", start);
     for (const auto& v : values) {
-      if (v.kind != values[0].kind) {
-        L.Fail("Literal values must be all strings or all integers, not a mix", start);
-      }
+      if (v.kind != values[0].kind) L.Fail("Literal values must be all strings or all integers, not a mix", start);
     }
     return Type::Literal(std::move(values));
   }
@@ -581,10 +532,7 @@ class SchemaParser {
   std::optional<AliasInfo> ParseAliasAnnotation() {
     AliasInfo info;
     auto add = [](std::vector<std::string>& sets, std::string name) {
-      for (const auto& s : sets) {
-        if (s == name) return;
-      }
-      sets.push_back(std::move(name));
+      if (std::find(sets.begin(), sets.end(), name) == sets.end()) sets.push_back(std::move(name));
     };
     auto parse_sets = [&](std::vector<std::string>& sets) {
       bool wildcard = false;
@@ -668,8 +616,7 @@ class SchemaParser {
       if (kind == TypeKind::kComplex || n.find('j') != std::string::npos) {
         return Value::Complex(0.0, std::stod(n.substr(0, n.size() - 1)));
       }
-      if (kind == TypeKind::kFloat || n.find('.') != std::string::npos ||
-          n.find('e') != std::string::npos) {
+      if (kind == TypeKind::kFloat || n.find('.') != std::string::npos || n.find('e') != std::string::npos) {
         return Value::Double(std::stod(n));
       }
       return Value::Int(std::stoll(n));
@@ -713,8 +660,7 @@ class SchemaParser {
     // torch prints `Device? d="cuda:1"` as `Device? d=cuda:1`; read it back
     // as the string torch holds for the quoted form.
     if (type.is_optional() && type.element().kind == TypeKind::kDevice && L.cur().kind == kIdent) {
-      Value device = ParseDeviceDefault();
-      return Value::String(device.s);
+      return Value::String(ParseDeviceDefault().s);
     }
     const TypeKind kind = FakeKind(type.kind);
     switch (kind) {
@@ -739,17 +685,10 @@ class SchemaParser {
         // `None` is not accepted for a non-optional list.
         if (L.cur().kind == kIdent) L.expect(kNone);
         if (N && L.cur().kind != '[') {
-          Value v = ParseSingleConstant(elem);
-          return ConvertToList(elem, at, std::vector<Value>(static_cast<size_t>(*N), v));
+          return ConvertToList(elem, at, std::vector<Value>(static_cast<size_t>(*N), ParseSingleConstant(elem)));
         }
-        L.expect('[');
         std::vector<Value> items;
-        if (L.cur().kind != ']') {
-          do {
-            items.push_back(ParseSingleConstant(elem));
-          } while (L.nextIf(','));
-        }
-        L.expect(']');
+        ParseList('[', ',', ']', [&] { items.push_back(ParseSingleConstant(elem)); });
         return ConvertToList(elem, at, std::move(items));
       }
       default:
@@ -809,24 +748,19 @@ class SchemaParser {
         });
         return Value::Struct(std::move(names), std::move(values));
       }
-      case TypeKind::kEnum: {
+      case TypeKind::kEnum:
+      case TypeKind::kLiteral:
         if (L.nextIf(kNone)) return Value::None();
-        auto def = options_.registry->FindEnum(unopt.name);
-        if (L.cur().kind == kIdent) {
+        if (unopt.kind == TypeKind::kEnum && L.cur().kind == kIdent) {
           // A member name: `Mode mode=FAST`.
+          auto def = options_.registry->FindEnum(unopt.name);
           const Token tok = L.next();
           for (size_t i = 0; i < def->members.size(); ++i) {
             if (def->members[i] == L.text(tok)) return def->values[i];
           }
           L.Fail("enum " + unopt.name + " has no member '" + std::string(L.text(tok)) + "'", tok);
         }
-        return ParseSingleConstant(def->value_kind());
-      }
-      case TypeKind::kLiteral:
-        if (L.nextIf(kNone)) return Value::None();
-        return ParseSingleConstant(unopt.literals[0].kind == Value::Kind::kString
-                                       ? TypeKind::kStr
-                                       : TypeKind::kInt);
+        return ParseSingleConstant(DefaultKind(unopt));
       case TypeKind::kHandle:
         L.expect(kNone);
         return Value::None();
@@ -850,8 +784,7 @@ TypePtr ParseType(std::string_view text, const ParseOptions& options) {
   return SchemaParser(text, options).ParseWholeType();
 }
 
-Value ParseDefault(std::string_view text, const Type& type, std::optional<int32_t> N,
-                   const ParseOptions& options) {
+Value ParseDefault(std::string_view text, const Type& type, std::optional<int32_t> N, const ParseOptions& options) {
   return SchemaParser(text, options).ParseWholeDefault(type, N);
 }
 

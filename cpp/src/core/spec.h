@@ -62,7 +62,8 @@ struct LoweredOp {
 // Lowers a spec. Errors name the op, the parameter/field and a fix.
 LoweredOp Lower(const FunctionSchema& spec, const LowerOptions& options,
                 const TypeRegistry& registry = TypeRegistry::Global());
-// Parses `spec_text` with extensions enabled, then lowers it.
+// Parses `spec_text` with extensions enabled, then lowers it. Text that does
+// not parse throws a ParseError with the op name before its message.
 LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options,
                     const TypeRegistry& registry = TypeRegistry::Global());
 
@@ -78,7 +79,6 @@ void CheckOpName(const std::string& name);
 
 // Throws unless `type` can be an op parameter (or a struct field) after
 // lowering. `op` and `where` only shape the error message.
-void CheckLowerable(const Type& type, const TypeRegistry& registry,
-                    const std::string& op, const std::string& where);
+void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::string& op, const std::string& where);
 
 }  // namespace opforge

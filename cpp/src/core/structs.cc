@@ -1,5 +1,6 @@
 #include "core/structs.h"
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 
@@ -16,8 +17,7 @@ const StructField* StructDef::Find(std::string_view field) const {
 }
 
 TypeKind EnumDef::value_kind() const {
-  return !values.empty() && values[0].kind == Value::Kind::kInt ? TypeKind::kInt
-                                                                 : TypeKind::kStr;
+  return !values.empty() && values[0].kind == Value::Kind::kInt ? TypeKind::kInt : TypeKind::kStr;
 }
 
 bool IsIdentifier(std::string_view name) {
@@ -53,16 +53,13 @@ const char* kReserved[] = {"Tensor", "int", "float", "bool", "str", "Scalar",
                            "Union", "Any", "Device", "None", "NoneType"};
 
 void CheckTypeName(const std::string& name, const char* what) {
+  const std::string where = std::string(what) + " '" + name + "'";
   if (!IsTypeName(name)) {
-    throw Error(ErrorKind::kValueError, "", std::string(what) + " '" + name + "'",
-                "is not a valid type name.",
+    throw Error(ErrorKind::kValueError, "", where, "is not a valid type name.",
                 "Use an identifier, optionally dotted (mylib.AttnCfg).");
   }
-  for (const char* reserved : kReserved) {
-    if (name == reserved) {
-      throw Error(ErrorKind::kValueError, "", std::string(what) + " '" + name + "'",
-                  "shadows a builtin schema type.", "Choose another name.");
-    }
+  if (std::find(std::begin(kReserved), std::end(kReserved), name) != std::end(kReserved)) {
+    throw Error(ErrorKind::kValueError, "", where, "shadows a builtin schema type.", "Choose another name.");
   }
 }
 
@@ -98,21 +95,17 @@ bool TypeRegistry::AddStruct(StructDef def) {
   for (const auto& field : def.fields) {
     const std::string where = "field " + def.name + "." + field.name;
     if (!IsIdentifier(field.name)) {
-      throw Error(ErrorKind::kValueError, "", where, "is not a valid field name.",
-                  "Use an identifier.");
+      throw Error(ErrorKind::kValueError, "", where, "is not a valid field name.", "Use an identifier.");
     }
     if (field.name.find("__") != std::string::npos) {
-      throw Error(ErrorKind::kValueError, "", where,
-                  "contains '__', which opforge uses to join leaf names.",
+      throw Error(ErrorKind::kValueError, "", where, "contains '__', which opforge uses to join leaf names.",
                   "Rename the field.");
     }
     if (!seen.insert(field.name).second) {
       throw Error(ErrorKind::kValueError, "", where, "is declared twice.", "Remove one.");
     }
-    if (field.type->unwrap_optional().kind == TypeKind::kStruct &&
-        field.type->unwrap_optional().name == def.name) {
-      throw Error(ErrorKind::kTypeError, "", where, "refers to its own struct.",
-                  "Structs cannot be recursive.");
+    if (field.type->unwrap_optional().kind == TypeKind::kStruct && field.type->unwrap_optional().name == def.name) {
+      throw Error(ErrorKind::kTypeError, "", where, "refers to its own struct.", "Structs cannot be recursive.");
     }
     CheckLowerable(*field.type, *this, "", where);
   }
@@ -146,7 +139,8 @@ void CheckLiteralValues(const std::vector<Value>& values) {
       const std::string text = v.kind == Value::Kind::kString ? "'" + v.s + "'" : ValueToString(v);
       shown += (shown.empty() ? "" : ", ") + text;
     }
-    throw Error(ErrorKind::kTypeError, "", "", "Literal[" + shown + "] mixes value types or uses values other than str and int.",
+    throw Error(ErrorKind::kTypeError, "", "",
+                "Literal[" + shown + "] mixes value types or uses values other than str and int.",
                 "Use Literal of str values only or of int values only.");
   }
 }
@@ -162,13 +156,11 @@ bool TypeRegistry::AddEnum(EnumDef def) {
     const auto& v = def.values[i];
     if (v.kind != Value::Kind::kString && v.kind != Value::Kind::kInt) {
       throw Error(ErrorKind::kTypeError, "", where,
-                  "member " + def.members[i] + " has a value that is neither str nor int (" +
-                      ValueToString(v) + ").",
+                  "member " + def.members[i] + " has a value that is neither str nor int (" + ValueToString(v) + ").",
                   "Use str or int values.");
     }
     if (v.kind != def.values[0].kind) {
-      throw Error(ErrorKind::kTypeError, "", where, "mixes str and int values.",
-                  "Use one value type for all members.");
+      throw Error(ErrorKind::kTypeError, "", where, "mixes str and int values.", "Use one value type for all members.");
     }
     if (!members.insert(def.members[i]).second) {
       throw Error(ErrorKind::kValueError, "", where, "declares member " + def.members[i] + " twice.");
@@ -176,14 +168,12 @@ bool TypeRegistry::AddEnum(EnumDef def) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (structs_.count(def.name)) {
-    throw Error(ErrorKind::kValueError, "", where, "is already registered as a struct.",
-                "Choose another name.");
+    throw Error(ErrorKind::kValueError, "", where, "is already registered as a struct.", "Choose another name.");
   }
   auto it = enums_.find(def.name);
   if (it != enums_.end()) {
     if (it->second->members == def.members && it->second->values == def.values) return false;
-    throw Error(ErrorKind::kValueError, "", where,
-                "is already registered with different members.",
+    throw Error(ErrorKind::kValueError, "", where, "is already registered with different members.",
                 "Give one of them another name.");
   }
   std::string name = def.name;
@@ -209,18 +199,9 @@ bool TypeRegistry::Contains(std::string_view name) const {
 }
 
 bool TypeRegistry::Remove(std::string_view name) {
+  const std::string key(name);
   std::lock_guard<std::mutex> lock(mu_);
-  auto s = structs_.find(name);
-  if (s != structs_.end()) {
-    structs_.erase(s);
-    return true;
-  }
-  auto e = enums_.find(name);
-  if (e != enums_.end()) {
-    enums_.erase(e);
-    return true;
-  }
-  return false;
+  return structs_.erase(key) > 0 || enums_.erase(key) > 0;
 }
 
 std::vector<std::string> TypeRegistry::Names() const {
@@ -239,11 +220,7 @@ StructDef MakeStruct(std::string name, const std::vector<FieldText>& fields,
   options.registry = &registry;
   // Nested types as written in C++: `Inner` in library liba is `liba.Inner`.
   const size_t dot = def.name.rfind('.');
-  if (scope) {
-    options.scope = *scope;
-  } else if (dot != std::string::npos) {
-    options.scope = def.name.substr(0, dot);
-  }
+  options.scope = scope.value_or(dot == std::string::npos ? "" : def.name.substr(0, dot));
   for (const auto& text : fields) {
     StructField field;
     field.name = text.name;

@@ -1,10 +1,5 @@
 #include "core/tags.h"
 
-#include <algorithm>
-#include <set>
-
-#include "core/error.h"
-
 namespace opforge {
 
 std::vector<std::string> ResolveTensorArgs(const LoweredOp& op, const std::vector<std::string>& names,

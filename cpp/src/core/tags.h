@@ -15,10 +15,8 @@
 
 namespace opforge {
 
-// Resolves names (original parameters, leaves `cfg__w`, or field paths
-// `cfg.w`) to the flat names of Tensor leaves, in schema order. A struct
-// name expands to its Tensor leaves. Unknown names and non-Tensor arguments
-// throw, with `option` (e.g. "symm_mem_args") as the location.
+// ResolveTensorLeafIndices (spec.h) giving the leaves' flat names, with
+// `option` (e.g. "symm_mem_args") as the location of its errors.
 std::vector<std::string> ResolveTensorArgs(const LoweredOp& op, const std::vector<std::string>& names,
                                            const std::string& option);
 
