@@ -21,7 +21,8 @@ from . import _torch_version
 _torch_version.check_installed()
 
 from . import _C, handles, symm_mem  # noqa: E402
-from ._cpp_ops import check_library, load_errors, load_library, ops, structs  # noqa: E402
+from ._cpp_ops import ops, structs  # noqa: E402
+from ._libraries import check_library, load_errors, load_library  # noqa: E402
 from ._op import OpDef, op, opcheck  # noqa: E402
 from ._types import HandleAnnotation as _HandleAnnotation  # noqa: E402
 from .symm_mem import arg_tags, symm_mem_args  # noqa: E402

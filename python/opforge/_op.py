@@ -42,7 +42,11 @@ class OpDef(_C.OpBase):
     which goes through the dispatcher."""
 
     __slots__ = ("name", "overload", "spec", "model", "boundary", "_state", "_code", "_lib", "_registrations",
-                 "_has_autograd", "_device_kernels", "__wrapped__", "__dict__")
+                 "_has_autograd", "_device_kernels", "_triton", "__wrapped__", "__dict__")
+
+    # A C++ op (CppOpDef) takes any object with a struct's fields, and its
+    # handles stay ints: C++ runners live in the C++ handle table.
+    _duck_structs = False
 
     @property
     def schema(self) -> str:
@@ -56,6 +60,7 @@ class OpDef(_C.OpBase):
     def register_fake(self, fn: Callable) -> Callable:
         """Registers the shape function, written against the original signature."""
         _check_callable(self.name, "register_fake", fn)
+        self._before_fake()
         self._state.fake = fn
         return fn
 
@@ -64,6 +69,7 @@ class OpDef(_C.OpBase):
         _check_callable(self.name, "backward", backward)
         if setup_context is not None:
             _check_callable(self.name, "setup_context", setup_context)
+        self._before_autograd()
         _install_autograd(self, backward, setup_context)
 
     def register_kernel(self, device_types: str | Sequence[str], fn: Callable | None = None):
@@ -72,10 +78,27 @@ class OpDef(_C.OpBase):
 
         def register(fn: Callable) -> Callable:
             _check_callable(self.name, "register_kernel", fn)
-            _install_kernels(self, _device_list(self.name, device_types), fn)
+            devices = _device_list(self.name, device_types)
+            self._before_kernels(devices)
+            _install_kernels(self, devices, fn)
             return fn
 
         return register if fn is None else register(fn)
+
+    # What a subclass checks before each decorator takes effect (CppOpDef:
+    # nothing the C++ library registered is overridden).
+    def _before_fake(self) -> None:
+        pass
+
+    def _before_autograd(self) -> None:
+        pass
+
+    def _before_kernels(self, devices: list[str]) -> None:
+        pass
+
+    def _register_fake_kernel(self) -> None:
+        """The op's fake kernel for torch, calling whatever fake is registered then."""
+        _register_fake(self._lib, self.name, _lazy_fake_kernel(self._code, _fake_dispatch(self.name, self._state)))
 
     @property
     def triton_kernels(self) -> tuple:
@@ -112,11 +135,11 @@ _NO_TRITON = TritonOptions()
 class _State:
     """What an op's kernels read at call time; decorators update it."""
 
-    fn: Callable
-    fake: Callable | None
-    backward: Callable | None
-    setup_context: Callable | None
-    has_tensor_returns: bool
+    fn: Callable | None = None  # the body for every device (None for a C++ op)
+    fake: Callable | None = None
+    backward: Callable | None = None
+    setup_context: Callable | None = None
+    has_tensor_returns: bool = False
     traced_body: Callable | None = None  # a Triton op's traceable body, its fake unless one is registered
 
 
@@ -212,7 +235,6 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             fake = _default_fake()
         sig = _read_signature(name, fn, regs, _caller)
         model = _lower(name, sig, mutates_args)
-        boundary = _make_boundary(name, sig, model)
         lib, overload = _define_schema(name, model, tag_list)
         if symm_mem_args:
             from . import symm_mem
@@ -220,14 +242,13 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             symm_mem.declare(name, model.lowered, symm_mem_args, lib=lib, stacklevel=4)
             symm_mem_declared = True
         state = _State(fn=body, fake=fake, backward=backward, setup_context=setup_context,
-                       has_tensor_returns=len(model.return_types) > 0,
                        traced_body=plan.traced_body if plan is not None else None)
-        opdef = _new_opdef(name, fn, sig, model, boundary, overload, state, lib, devices)
-        opdef.__dict__["_triton"] = TritonOptions(triton, extra_triton_kernels, mutates_args)
+        opdef = assemble(name, fn, sig, model, overload, lib, state=state, devices=devices)
+        opdef._triton = TritonOptions(triton, extra_triton_kernels, mutates_args)
         _register_kernels(opdef, body, devices)
         if plan is not None:
             _install_triton_decomposition(opdef, plan)
-        _register_fake(lib, name, _lazy_fake_kernel(opdef._code, _fake_dispatch(name, state)))
+        opdef._register_fake_kernel()
         if any(leaf.mutated for leaf in model.leaves):
             # Versions of what the op writes are bumped, as custom_op does.
             opdef._registrations["ADInplaceOrView"] = _C.register_inplace_kernel(name)
@@ -371,21 +392,28 @@ def _leaves(model: OpModel, boundary) -> list[Leaf]:
     return out
 
 
-def _new_opdef(name, fn, sig: Signature, model: OpModel, boundary, overload, state: _State, lib,
-               devices, *, base: type | None = None, duck_structs: bool = False) -> OpDef:
-    """The OpDef, all its state set here. Its class is made per op, so that
-    `__call__` has the op's own signature (which Dynamo traces). C++ ops
-    (`base` CppOpDef) take any object with a struct's fields, and their
-    handles stay ints (C++ runners live in the C++ handle table)."""
+def assemble(name: str, fn: Callable | None, sig: Signature, model: OpModel, overload, lib, *,
+             base: type | None = None, state: _State | None = None, devices: list[str] | None = None) -> OpDef:
+    """An op defined with torch, as an OpDef of class `base` (OpDef, or a
+    subclass such as CppOpDef) bound to its C entry: the call boundary, the
+    generated code, the state its kernels read. Its class is made per op, so
+    that `__call__` has the op's own signature (which Dynamo traces).
+
+        assemble("ns::f", f, sig, model, torch.ops.ns.f.default, lib, state=_State(fn=f))
+    """
     base = base or OpDef
+    duck = base._duck_structs
+    boundary = _make_boundary(name, sig, model, duck_structs=duck, handles_as_ints=duck)
+    state = state or _State()
+    state.has_tensor_returns = len(model.return_types) > 0
     for p, node in zip(sig.params, model.params):
         p.node = node
     leaves = _leaves(model, boundary)
-    if duck_structs:
+    if duck:
         for leaf in leaves:
             leaf.handle = ""
     builder = Builder(name, sig.params, leaves, list(model.returns), sig.return_types, len(model.return_types),
-                      duck_structs=duck_structs)
+                      duck_structs=duck)
     code = builder.build(overload, boundary)
     cls = type(f"{base.__name__}[{name}]", (base,),
                {"__call__": code.call, "__slots__": (), "__doc__": getattr(fn, "__doc__", None)})
@@ -402,24 +430,25 @@ def _new_opdef(name, fn, sig: Signature, model: OpModel, boundary, overload, sta
     opdef._registrations = {}  # dispatch key -> the registration that keeps its kernel
     opdef._has_autograd = False
     opdef._device_kernels = devices is not None
+    opdef._triton = _NO_TRITON
     opdef.__wrapped__ = fn
     opdef.__dict__.update(
         __name__=getattr(fn, "__name__", name.split("::")[1]), __qualname__=getattr(fn, "__qualname__", name),
         __module__=getattr(fn, "__module__", None),
     )
+    # The body for every device, or one per listed device type.
+    opdef._bind(boundary, state.fn if devices is None else None, {d: state.fn for d in devices or ()},
+                cls.__call__)
     return opdef
 
 
 def _register_kernels(opdef: OpDef, body: Callable, devices: list[str] | None) -> None:
-    """The dispatcher's kernels and the C entry's: one body for every device,
-    or one per listed device type."""
+    """The dispatcher's kernels: one body for every device, or one per listed device type."""
     if devices is None:
         _set_dispatcher_kernel(opdef, "CompositeExplicitAutograd", body)
     else:
         for d in devices:
             _set_dispatcher_kernel(opdef, _dispatch_key(opdef.name, d), body)
-    opdef._bind(opdef.boundary, body if devices is None else None, {d: body for d in devices or ()},
-                type(opdef).__call__)
 
 
 def _set_dispatcher_kernel(opdef: OpDef, key: str, fn: Callable) -> None:
@@ -463,7 +492,7 @@ def _triton_plan(name: str, fn: Callable, mode: str, extra_kernels, mutates_args
 def _triton_autograd(opdef: "OpDef", backward: Callable, setup_context: Callable | None) -> tuple:
     """backward and setup_context with their Triton launches made traceable
     (docs/triton.md): unchanged eagerly, traced copies under AOTAutograd."""
-    options = opdef.__dict__.get("_triton", _NO_TRITON)
+    options = opdef._triton
     module = _triton_module() if options.mode != "off" else None
     if module is None:
         return backward, setup_context
