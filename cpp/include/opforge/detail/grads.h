@@ -191,93 +191,91 @@ using GradsFor = typename detail::GradsForImpl<std::decay_t<Fn>>::type;
 namespace detail {
 
 // Outputs: an op with a backward returns Tensor, a tuple of Tensors,
-// Tensor[] or a struct whose fields are all Tensors.
-template <class R, class = void>
+// Tensor[] or a struct whose fields are all Tensors (which travels as a tuple).
+template <class R>
 struct Outputs {
-  static constexpr bool kSupported = false;
-};
-template <>
-struct Outputs<Tensor> {
-  static constexpr bool kSupported = true;
-  using Flat = Tensor;
-  static std::vector<Tensor> ToList(Tensor out) { return {std::move(out)}; }
-  static Tensor FromList(std::vector<Tensor>&& outs) { return std::move(outs[0]); }
-  static const Tensor& Original(const Tensor& out) { return out; }
-  template <class G, class Ctx>
-  static auto Backward(Ctx* ctx, std::vector<Tensor>& grads) {
-    return G::backward(ctx, grads[0]);
+  using Flat = typename Ret<R>::Flat;
+
+  template <size_t... I>
+  static constexpr bool AllTensors(std::index_sequence<I...>) {
+    return (std::is_same_v<std::tuple_element_t<I, Flat>, Tensor> && ...);
   }
-};
-template <>
-struct Outputs<std::vector<Tensor>> {
-  static constexpr bool kSupported = true;
-  using Flat = std::vector<Tensor>;
-  static std::vector<Tensor> ToList(std::vector<Tensor> out) { return out; }
-  static std::vector<Tensor> FromList(std::vector<Tensor>&& outs) { return std::move(outs); }
-  static const std::vector<Tensor>& Original(const std::vector<Tensor>& out) { return out; }
-  template <class G, class Ctx>
-  static auto Backward(Ctx* ctx, std::vector<Tensor>& grads) {
-    return G::backward(ctx, grads);
+  static constexpr bool Supported() {
+    if constexpr (IsStdTupleOf<Flat>::value) {
+      return AllTensors(std::make_index_sequence<std::tuple_size_v<Flat>>{});
+    } else {
+      return std::is_same_v<R, Tensor> || std::is_same_v<R, std::vector<Tensor>>;
+    }
   }
-};
-template <class... T>
-struct Outputs<std::tuple<T...>,
-               std::enable_if_t<(std::is_same_v<T, Tensor> && ...)>> {
-  static constexpr bool kSupported = true;
-  using Flat = std::tuple<T...>;
+  static constexpr bool kSupported = Supported();
+
+  // The outputs as autograd's flat list, and back.
   static std::vector<Tensor> ToList(Flat out) {
-    return std::apply([](auto&... t) { return std::vector<Tensor>{std::move(t)...}; }, out);
+    if constexpr (IsStdTupleOf<Flat>::value) {
+      return std::apply([](auto&... t) { return std::vector<Tensor>{std::move(t)...}; }, out);
+    } else if constexpr (IsVector<Flat>::value) {
+      return out;
+    } else {
+      return {std::move(out)};
+    }
   }
   static Flat FromList(std::vector<Tensor>&& outs) {
-    return FromListImpl(outs, std::index_sequence_for<T...>{});
+    if constexpr (IsStdTupleOf<Flat>::value) {
+      return std::apply([&](auto... i) { return Flat(std::move(outs[i])...); }, Indices());
+    } else if constexpr (IsVector<Flat>::value) {
+      return std::move(outs);
+    } else {
+      return std::move(outs[0]);
+    }
   }
+
+  // What setup_context gets: the kernel's own return.
+  static decltype(auto) Original(const Flat& out) {
+    if constexpr (kIsStruct<R>) {
+      return Rebuild(out);
+    } else {
+      return (out);
+    }
+  }
+
+  // G::backward with one gradient per output, in the return's own form.
+  template <class G, class Ctx>
+  static auto Backward(Ctx* ctx, std::vector<Tensor>& grads) {
+    if constexpr (kIsStruct<R>) {
+      return G::backward(ctx, Rebuild(grads));
+    } else if constexpr (IsStdTupleOf<R>::value) {
+      return std::apply([&](auto... i) { return G::backward(ctx, grads[i]...); }, Indices());
+    } else if constexpr (IsVector<R>::value) {
+      return G::backward(ctx, grads);
+    } else {
+      return G::backward(ctx, grads[0]);
+    }
+  }
+
+ private:
+  // (0, 1, ..., n - 1) as integral constants, for a tuple's n outputs.
   template <size_t... I>
-  static Flat FromListImpl(std::vector<Tensor>& outs, std::index_sequence<I...>) {
-    return Flat(std::move(outs[I])...);
+  static auto IndicesOf(std::index_sequence<I...>) {
+    return std::make_tuple(std::integral_constant<size_t, I>{}...);
   }
-  static const Flat& Original(const Flat& out) { return out; }
-  template <class G, class Ctx>
-  static auto Backward(Ctx* ctx, std::vector<Tensor>& grads) {
-    return CallBackward<G>(ctx, grads, std::index_sequence_for<T...>{});
-  }
-  template <class G, class Ctx, size_t... I>
-  static auto CallBackward(Ctx* ctx, std::vector<Tensor>& grads, std::index_sequence<I...>) {
-    return G::backward(ctx, grads[I]...);
-  }
-};
-
-template <class S, size_t... J>
-constexpr bool AllTensorFields(std::index_sequence<J...>) {
-  return (std::is_same_v<FieldType<S, J>, Tensor> && ...);
-}
-
-// A struct return: its Tensor fields; backward gets the gradients as an S.
-template <class S>
-struct Outputs<S, std::enable_if_t<kIsStruct<S>>> {
-  static constexpr size_t kFields = kNumFields<S>;
-  static constexpr bool kSupported = AllTensorFields<S>(std::make_index_sequence<kFields>{});
-  using Flat = typename Ret<S>::Flat;
-  using Tuple = Outputs<Flat>;
-  static std::vector<Tensor> ToList(Flat out) { return Tuple::ToList(std::move(out)); }
-  static Flat FromList(std::vector<Tensor>&& outs) { return Tuple::FromList(std::move(outs)); }
+  static auto Indices() { return IndicesOf(std::make_index_sequence<std::tuple_size_v<Flat>>{}); }
   template <class List>
-  static S Rebuild(const List& items) {
-    return RebuildImpl(items, std::make_index_sequence<kFields>{});
-  }
-  template <class List, size_t... J>
-  static S RebuildImpl(const List& items, std::index_sequence<J...>) {
-    S s{};
-    ((FieldOf<J>(s) = Item<J>(items)), ...);
-    return s;
+  static R Rebuild(const List& items) {
+    return std::apply(
+        [&](auto... j) {
+          R s{};
+          ((FieldOf<decltype(j)::value>(s) = Item<decltype(j)::value>(items)), ...);
+          return s;
+        },
+        Indices());
   }
   template <size_t J>
-  static const Tensor& Item(const Flat& t) { return std::get<J>(t); }
+  static const Tensor& Item(const Flat& t) {
+    return std::get<J>(t);
+  }
   template <size_t J>
-  static const Tensor& Item(const std::vector<Tensor>& v) { return v[J]; }
-  static S Original(const Flat& out) { return Rebuild(out); }
-  template <class G, class Ctx>
-  static auto Backward(Ctx* ctx, std::vector<Tensor>& grads) {
-    return G::backward(ctx, Rebuild(grads));
+  static const Tensor& Item(const std::vector<Tensor>& v) {
+    return v[J];
   }
 };
 

@@ -84,13 +84,8 @@ class DefaultProbe {
     return DefaultProbe(sizeof(S), alignof(S), [](void* p) { ::new (p) S; },
                         [](void* p) { static_cast<S*>(p)->~S(); });
   }
-  DefaultProbe(const DefaultProbe&) = delete;
+  DefaultProbe(const DefaultProbe&) = delete;  // Of() returns a prvalue: no copy or move is made
   DefaultProbe& operator=(const DefaultProbe&) = delete;
-  DefaultProbe(DefaultProbe&& o) noexcept
-      : size_(o.size_), align_(o.align_), destroy_(o.destroy_), a_(o.a_), b_(o.b_), ok_(o.ok_) {
-    o.a_ = o.b_ = nullptr;
-    o.ok_ = false;
-  }
   ~DefaultProbe() {
     if (ok_) {
       destroy_(a_);
