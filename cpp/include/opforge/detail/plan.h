@@ -44,12 +44,6 @@ class LibraryPlan {
   }
   void SetAutograd(const std::string& op, void* autograd) { Find(op).autograd = autograd; }
   void SetTorchLayerAutograd(const std::string& op, const void* autograd) { Find(op).torch_layer_autograd = autograd; }
-  bool Defines(const std::string& op) const {
-    for (const auto& o : ops_) {
-      if (o.name == op) return true;
-    }
-    return false;
-  }
 
   void AddKernel(std::string op, std::string key, void* kernel) {
     kernels_.push_back(Kernel{std::move(op), std::move(key), kernel});
