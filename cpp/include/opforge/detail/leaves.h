@@ -7,7 +7,7 @@
 //   LeafTraits<std::optional<Act>>::Schema() == "Act?"   Wide == std::optional<int64_t>
 //   LeafTraits<Tensor>::FromWide(t)               t itself, no copy
 //
-// A new leaf type is one specialization here. Included by the ABI headers
+// A new leaf type is one line of the table below. Included by the ABI headers
 // once they have said what opforge::Tensor and opforge::Device are.
 #pragma once
 
@@ -79,55 +79,28 @@ struct NarrowWide {
   static W ToWide(T v) { return static_cast<W>(v); }
 };
 
-template <const char* kName>
-struct Named {
-  static std::string Schema() { return kName; }
-};
-
-inline constexpr char kIntSchema[] = "int";
-inline constexpr char kFloatSchema[] = "float";
-inline constexpr char kBoolSchema[] = "bool";
-inline constexpr char kStrSchema[] = "str";
-inline constexpr char kIntListSchema[] = "int[]";
-inline constexpr char kFloatListSchema[] = "float[]";
-inline constexpr char kBoolListSchema[] = "bool[]";
-inline constexpr char kTensorSchema[] = "Tensor";
-inline constexpr char kTensorListSchema[] = "Tensor[]";
-inline constexpr char kScalarTypeSchema[] = "ScalarType";
-inline constexpr char kDeviceSchema[] = "Device";
-inline constexpr char kLayoutSchema[] = "Layout";
-inline constexpr char kMemoryFormatSchema[] = "MemoryFormat";
-
-template <>
-struct LeafTraits<int64_t> : SameWide<int64_t>, Named<kIntSchema> {};
-template <>
-struct LeafTraits<int32_t> : NarrowWide<int32_t, int64_t>, Named<kIntSchema> {};
-template <>
-struct LeafTraits<double> : SameWide<double>, Named<kFloatSchema> {};
-template <>
-struct LeafTraits<float> : NarrowWide<float, double>, Named<kFloatSchema> {};
-template <>
-struct LeafTraits<bool> : SameWide<bool>, Named<kBoolSchema> {};
-template <>
-struct LeafTraits<std::string> : SameWide<std::string>, Named<kStrSchema> {};
-template <>
-struct LeafTraits<std::vector<int64_t>> : SameWide<std::vector<int64_t>>, Named<kIntListSchema> {};
-template <>
-struct LeafTraits<std::vector<double>> : SameWide<std::vector<double>>, Named<kFloatListSchema> {};
-template <>
-struct LeafTraits<std::vector<bool>> : SameWide<std::vector<bool>>, Named<kBoolListSchema> {};
-template <>
-struct LeafTraits<Tensor> : SameWide<Tensor>, Named<kTensorSchema> {};
-template <>
-struct LeafTraits<std::vector<Tensor>> : SameWide<std::vector<Tensor>>, Named<kTensorListSchema> {};
-template <>
-struct LeafTraits<c10::ScalarType> : SameWide<c10::ScalarType>, Named<kScalarTypeSchema> {};
-template <>
-struct LeafTraits<Device> : SameWide<Device>, Named<kDeviceSchema> {};
-template <>
-struct LeafTraits<c10::Layout> : SameWide<c10::Layout>, Named<kLayoutSchema> {};
-template <>
-struct LeafTraits<c10::MemoryFormat> : SameWide<c10::MemoryFormat>, Named<kMemoryFormatSchema> {};
+// The table: a leaf type, its schema type, how it travels.
+#define OPFORGE_LEAF_(T, schema, ...)              \
+  template <>                                      \
+  struct LeafTraits<T> : __VA_ARGS__ {             \
+    static std::string Schema() { return schema; } \
+  }
+OPFORGE_LEAF_(int64_t, "int", SameWide<int64_t>);
+OPFORGE_LEAF_(int32_t, "int", NarrowWide<int32_t, int64_t>);
+OPFORGE_LEAF_(double, "float", SameWide<double>);
+OPFORGE_LEAF_(float, "float", NarrowWide<float, double>);
+OPFORGE_LEAF_(bool, "bool", SameWide<bool>);
+OPFORGE_LEAF_(std::string, "str", SameWide<std::string>);
+OPFORGE_LEAF_(std::vector<int64_t>, "int[]", SameWide<std::vector<int64_t>>);
+OPFORGE_LEAF_(std::vector<double>, "float[]", SameWide<std::vector<double>>);
+OPFORGE_LEAF_(std::vector<bool>, "bool[]", SameWide<std::vector<bool>>);
+OPFORGE_LEAF_(Tensor, "Tensor", SameWide<Tensor>);
+OPFORGE_LEAF_(std::vector<Tensor>, "Tensor[]", SameWide<std::vector<Tensor>>);
+OPFORGE_LEAF_(c10::ScalarType, "ScalarType", SameWide<c10::ScalarType>);
+OPFORGE_LEAF_(Device, "Device", SameWide<Device>);
+OPFORGE_LEAF_(c10::Layout, "Layout", SameWide<c10::Layout>);
+OPFORGE_LEAF_(c10::MemoryFormat, "MemoryFormat", SameWide<c10::MemoryFormat>);
+#undef OPFORGE_LEAF_
 
 // The schema name of an enum as its macro gave it.
 template <class E>
