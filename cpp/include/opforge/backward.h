@@ -86,11 +86,12 @@ class AutogradContext {
 
 namespace detail {
 
+// What a flat argument holds for autograd: Tensor? and lists hold 0 or more.
+enum : char { kNoTensor = 0, kOneTensor = 1, kSomeTensors = 2 };
+
 // One op's backward as opforge's torch layer runs it, for both ABIs: made
 // when the op is registered and never freed (graph nodes may outlive the
 // library that registered it).
-enum : char { kNoTensor = 0, kOneTensor = 1, kSomeTensors = 2 };  // Tensor? and lists: 0 or more
-
 struct AutogradOp : OpNames {
   std::vector<int> arg_param;     // per flat argument: the kernel parameter it belongs to
   std::vector<char> arg_tensors;  // per flat argument: kNoTensor, kOneTensor or kSomeTensors
