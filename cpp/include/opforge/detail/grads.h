@@ -141,36 +141,22 @@ class Grad {
 
 namespace detail {
 
-template <class T, class = void>
-struct GradOfImpl {
-  using type = NoGrad;
-};
-template <>
-struct GradOfImpl<Tensor> {
-  using type = Tensor;
-};
-template <>
-struct GradOfImpl<std::optional<Tensor>> {
-  using type = Tensor;
-};
-template <>
-struct GradOfImpl<std::vector<Tensor>> {
-  using type = std::vector<Tensor>;
-};
-template <class S>
-struct GradOfImpl<S, std::enable_if_t<kIsStruct<S>>> {
-  using type = Grad<S>;
-};
-template <class S>
-struct GradOfImpl<std::optional<S>, std::enable_if_t<kIsStruct<S>>> {
-  using type = Grad<S>;
-};
+// Declarations only: GradOf<T> is the type an overload returns.
+template <class T>
+struct GradTag {};
+template <class T>
+std::conditional_t<kIsStruct<T>, Grad<T>, NoGrad> GradOfTag(GradTag<T>);  // a scalar, an enum, a handle: none
+template <class T>
+std::conditional_t<kIsStruct<T>, Grad<T>, NoGrad> GradOfTag(GradTag<std::optional<T>>);
+Tensor GradOfTag(GradTag<Tensor>);
+Tensor GradOfTag(GradTag<std::optional<Tensor>>);
+std::vector<Tensor> GradOfTag(GradTag<std::vector<Tensor>>);
 
 template <class Fn>
 struct GradsForImpl;
 template <class R, class... Args>
 struct GradsForImpl<R(Args...)> {
-  using type = std::tuple<typename GradOfImpl<std::decay_t<Args>>::type...>;
+  using type = std::tuple<decltype(GradOfTag(GradTag<std::decay_t<Args>>{}))...>;
 };
 template <class R, class... Args>
 struct GradsForImpl<R (*)(Args...)> : GradsForImpl<R(Args...)> {};
@@ -180,7 +166,7 @@ struct GradsForImpl<R (*)(Args...)> : GradsForImpl<R(Args...)> {};
 // The gradient type of a parameter of type T: Tensor for tensors,
 // std::vector<Tensor> for Tensor[], Grad<S> for structs, NoGrad otherwise.
 template <class T>
-using GradOf = typename detail::GradOfImpl<std::decay_t<T>>::type;
+using GradOf = decltype(detail::GradOfTag(detail::GradTag<std::decay_t<T>>{}));
 
 // What backward returns for a kernel `Fn`: one gradient per parameter.
 //   GradsFor<Tensor(const Tensor&, const Cfg&, int64_t)>

@@ -231,16 +231,8 @@ class TypeDecls {
       }
       members_.emplace_back();
       for (const auto& m : d.members) members_.back().push_back(m.c_str());
-      OpforgeTypeV1 t{};
-      t.kind = d.kind;
-      t.name = d.name.c_str();
-      t.cpp_name = d.cpp_name.c_str();
-      t.fields = fields_.back().data();
-      t.num_fields = fields_.back().size();
-      t.members = members_.back().data();
-      t.values = d.values.data();
-      t.num_members = d.values.size();
-      view_.push_back(t);
+      view_.push_back(OpforgeTypeV1{d.kind, d.name.c_str(), d.cpp_name.c_str(), fields_.back().data(),
+                                    fields_.back().size(), members_.back().data(), d.values.data(), d.values.size()});
     }
     return view_;
   }
