@@ -318,12 +318,8 @@ PyObject* OpNode::Ctx() {
 }
 
 PyObject* OpNode::NeedsInputGrad() {
-  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(needs_param_.size()));
-  if (out == nullptr) return nullptr;
-  for (size_t p = 0; p < needs_param_.size(); ++p) {
-    PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(p), Py_NewRef(needs_param_[p] ? Py_True : Py_False));
-  }
-  return out;
+  return NewTuple(static_cast<Py_ssize_t>(needs_param_.size()),
+                  [&](Py_ssize_t p) { return Py_NewRef(needs_param_[p] ? Py_True : Py_False); });
 }
 
 // ctx tuples as TensorImpl sets; `what` names the ctx method for errors.
@@ -412,12 +408,7 @@ variable_list OpNode::apply(variable_list&& grads) {
   for (size_t r = 0; r < kinds.size(); ++r) {
     PyObject* value;
     if (kinds[r] == GradBridge::ReturnKind::kTensorList) {
-      value = owned.Add(PyList_New(return_counts_[r]));
-      for (int32_t i = 0; value != nullptr && i < return_counts_[r]; ++i) {
-        PyObject* g = grad_of(entry++);
-        if (g == nullptr) ThrowPython();
-        PyList_SET_ITEM(value, i, g);
-      }
+      value = owned.Add(NewList(return_counts_[r], [&](Py_ssize_t) { return grad_of(entry++); }));
     } else {
       value = owned.Add(kinds[r] == GradBridge::ReturnKind::kTensor ? grad_of(entry) : Py_NewRef(Py_None));
       ++entry;
@@ -588,19 +579,11 @@ PyObject* CtxSavedTensors(PyObject* self, void*) {
     OpNode* node = ctx->node;
     TORCH_CHECK(node != nullptr && !node->has_freed_buffers(), torch::autograd::ERR_BACKWARD_TWICE);
     const auto& saved = node->saved();
-    PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(saved.size()));
-    if (out == nullptr) return nullptr;
     NodePtr self_ptr = SelfPtr(node);
-    for (size_t i = 0; i < saved.size(); ++i) {
+    return NewTuple(static_cast<Py_ssize_t>(saved.size()), [&](Py_ssize_t i) {
       Variable v = saved[i].unpack(self_ptr);
-      PyObject* item = v.defined() ? THPVariable_Wrap(std::move(v)) : Py_NewRef(Py_None);
-      if (item == nullptr) {
-        Py_DECREF(out);
-        return nullptr;
-      }
-      PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), item);
-    }
-    return out;
+      return v.defined() ? THPVariable_Wrap(std::move(v)) : Py_NewRef(Py_None);
+    });
   } catch (...) {
     torch::translate_exception_to_python(std::current_exception());
     return nullptr;
@@ -747,10 +730,9 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
       Py_DECREF(result);
       if (out == nullptr) return nullptr;
       if (setup != nullptr) {
-        const size_t n = boundary.num_params();
-        PyObject* original = owned.Add(PyTuple_New(static_cast<Py_ssize_t>(n)));
+        PyObject* original = owned.Add(
+            NewTuple(static_cast<Py_ssize_t>(boundary.num_params()), [&](Py_ssize_t i) { return Py_NewRef(args[i]); }));
         if (original == nullptr) return nullptr;
-        for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(original, static_cast<Py_ssize_t>(i), Py_NewRef(args[i]));
         PyObject* call_args[] = {node->Ctx(), original, out};
         PyObject* done = PyObject_Vectorcall(setup, call_args, 3, nullptr);
         if (done == nullptr) return nullptr;
@@ -784,13 +766,12 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
     for (size_t r = 0; r < nrets; ++r) {
       const int32_t count = node->return_count(r);
       if (bridge.returns()[r] == GradBridge::ReturnKind::kTensorList && flat[r] != Py_None) {
-        PyObject* list = owned.Add(PyList_New(count));
-        if (list == nullptr) return nullptr;
-        for (int32_t i = 0; i < count; ++i, ++e) {
-          PyObject* item = outputs.objects[e] ? outputs.objects[e] : PySequence_Fast_ITEMS(flat[r])[i];
-          PyList_SET_ITEM(list, i, Py_NewRef(item));
-        }
-        flat[r] = list;
+        PyObject** items = PySequence_Fast_ITEMS(flat[r]);
+        flat[r] = owned.Add(NewList(count, [&](Py_ssize_t i) {
+          PyObject* replaced = outputs.objects[e++];
+          return Py_NewRef(replaced ? replaced : items[i]);
+        }));
+        if (flat[r] == nullptr) return nullptr;
       } else {
         if (outputs.objects[e]) flat[r] = outputs.objects[e];
         ++e;

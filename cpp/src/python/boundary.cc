@@ -105,6 +105,31 @@ bool HasTensorSlots(const Node& node) {
   return false;
 }
 
+// An interned str: names the calls compare by identity first.
+py::object Interned(const std::string& text) {
+  PyObject* s = PyUnicode_InternFromString(text.c_str());
+  if (s == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(s);
+}
+
+// A vectorcall's kwnames: a tuple of `names`, or null when there are none.
+py::object Kwnames(const std::vector<std::string>& names) {
+  if (names.empty()) return py::object();
+  return py::tuple(py::cast(names));
+}
+
+// A struct node's instance, each field by keyword from `field(child)`: a new
+// reference, or null with an error set.
+template <class Field>
+PyObject* Construct(const Node& node, Field&& field) {
+  Owned fields;
+  fields.items.reserve(node.children.size());
+  for (const Node& child : node.children) {
+    if (fields.Add(field(child)) == nullptr) return nullptr;
+  }
+  return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
+}
+
 }  // namespace
 
 void StructCache::Add(PyObject* obj) {
@@ -123,9 +148,9 @@ StructCache::~StructCache() {
 
 // --- the plan --------------------------------------------------------------
 
-Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& definable_schema,
-                   py::list params, py::object empty, py::dict classes, py::dict enum_values,
-                   py::dict handle_classes, py::object handle_check, bool duck_structs)
+Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& definable_schema, py::list params,
+                   py::object empty, py::dict classes, py::dict enum_values, py::dict handle_classes,
+                   py::object handle_check, bool duck_structs)
     : op_(std::move(op)),
       handle_check_(std::move(handle_check)),
       duck_structs_(duck_structs),
@@ -134,32 +159,24 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
     throw std::invalid_argument(op_ + ": the parameter list does not match the lowered spec");
   }
   std::vector<std::string> kw_names;
-  for (size_t i = 0; i < params.size(); ++i) {
-    py::tuple p = params[i].cast<py::tuple>();
-    py::str name = p[0].cast<py::str>();
-    PyObject* raw = name.release().ptr();
-    PyUnicode_InternInPlace(&raw);
-    names_.push_back(py::reinterpret_steal<py::object>(raw));
-    const bool kw = p[1].cast<bool>();
-    if (kw) {
-      kw_names.push_back(p[0].cast<std::string>());
+  for (py::handle item : params) {
+    py::tuple p = item.cast<py::tuple>();
+    const std::string name = p[0].cast<std::string>();
+    names_.push_back(Interned(name));
+    if (p[1].cast<bool>()) {
+      kw_names.push_back(name);
+    } else if (!kw_names.empty()) {
+      throw std::invalid_argument(op_ + ": positional parameter after keyword-only");
     } else {
-      if (!kw_names.empty()) throw std::invalid_argument(op_ + ": positional parameter after keyword-only");
       ++num_positional_;
     }
     py::object def = p[2];
     defaults_.push_back(def.is(empty) ? py::object() : def);
   }
-  if (!kw_names.empty()) {
-    py::tuple t(kw_names.size());
-    for (size_t i = 0; i < kw_names.size(); ++i) t[i] = py::str(kw_names[i]);
-    body_kwnames_ = t;
-  }
-  std::vector<int> slot_of_leaf(lowered.flat.arguments.size(), -1);
-  for (size_t i = 0; i < lowered.params.size(); ++i) {
-    const Location where{"parameter '" + lowered.params[i].name + "'", {}};
-    params_.push_back(BuildParam(lowered.params[i], lowered, flat_, where, classes, enum_values,
-                                 handle_classes, /*top=*/true));
+  body_kwnames_ = Kwnames(kw_names);
+  for (const MappingNode& param : lowered.params) {
+    const Location where{"parameter '" + param.name + "'", {}};
+    params_.push_back(BuildParam(param, lowered, flat_, where, classes, enum_values, handle_classes, /*top=*/true));
   }
   // Tensor slots were numbered in flat order; find the mutated ones.
   int slot = 0;
@@ -186,24 +203,14 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
       ++num_flat_positional_;
     }
   }
-  if (!flat_kw.empty()) {
-    py::tuple t(flat_kw.size());
-    for (size_t i = 0; i < flat_kw.size(); ++i) t[i] = py::str(flat_kw[i]);
-    flat_kwnames_ = t;
-  }
+  flat_kwnames_ = Kwnames(flat_kw);
   for (const auto& ret : flat_.returns()) return_rules_.push_back(MakeRule(ret.real_type(), std::nullopt));
 }
 
 Boundary::~Boundary() = default;
 
-PyObject* Boundary::PresentArgument(size_t index, const c10::IValue& value) const {
-  PyObject* out = Present(argument_rules_.at(index), value);
-  if (out == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, (op_ + ": a value out of range").c_str());
-  return out;
-}
-
-PyObject* Boundary::PresentReturn(size_t index, const c10::IValue& value) const {
-  PyObject* out = Present(return_rules_.at(index), value);
+PyObject* Boundary::PresentLeaf(const LeafRule& rule, const c10::IValue& value) const {
+  PyObject* out = Present(rule, value);
   if (out == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, (op_ + ": a value out of range").c_str());
   return out;
 }
@@ -220,9 +227,7 @@ void FillStruct(Node& node, const MappingNode& m, py::dict classes, BuildChild b
   py::tuple kwnames(m.children.size());
   for (size_t i = 0; i < m.children.size(); ++i) {
     const MappingNode& child = m.children[i];
-    PyObject* raw = PyUnicode_FromString(child.name.c_str());
-    PyUnicode_InternInPlace(&raw);
-    node.field_names.push_back(py::reinterpret_steal<py::object>(raw));
+    node.field_names.push_back(Interned(child.name));
     kwnames[i] = node.field_names.back();
     node.children.push_back(build_child(child, node.where.Field(node.qual, child.name)));
   }
@@ -232,9 +237,9 @@ void FillStruct(Node& node, const MappingNode& m, py::dict classes, BuildChild b
 
 }  // namespace
 
-Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
-                          const c10::FunctionSchema& flat, const Location& where,
-                          py::dict classes, py::dict enum_values, py::dict handle_classes, bool top) {
+Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered, const c10::FunctionSchema& flat,
+                          const Location& where, py::dict classes, py::dict enum_values, py::dict handle_classes,
+                          bool top) {
   Node node;
   node.where = where;
   node.leaf_index = m.leaf_index;
@@ -262,8 +267,8 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
       node.qual = Qualname(node.cls.ptr());
       // Errors list the members in declaration order: "Mode.A, Mode.B".
       for (py::handle member : node.cls) {
-        node.allowed_repr += (node.allowed_repr.empty() ? "" : ", ") + node.qual + "." +
-                             py::cast<std::string>(member.attr("name"));
+        node.allowed_repr +=
+            (node.allowed_repr.empty() ? "" : ", ") + node.qual + "." + py::cast<std::string>(member.attr("name"));
       }
     } else if (!info.allowed.empty()) {
       node.kind = Node::Kind::kLiteral;
@@ -316,14 +321,11 @@ Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat
 bool Boundary::Flatten(PyObject* const* converted, std::vector<c10::IValue>& stack) {
   const size_t n = flat_.arguments().size();
   c10::SmallVector<PyObject*, 16> leaves(n, nullptr);
-  std::vector<PyObject*> owned;
-  const bool ok = FlattenLeaves(converted, leaves.data(), owned);
-  if (ok) {
-    stack.resize(n);
-    for (size_t i = 0; i < n; ++i) stack[i] = LeafIValue(argument_rules_[i], flat_.arguments()[i], leaves[i]);
-  }
-  for (PyObject* p : owned) Py_DECREF(p);
-  return ok;
+  Owned owned;
+  if (!FlattenLeaves(converted, leaves.data(), owned)) return false;
+  stack.resize(n);
+  for (size_t i = 0; i < n; ++i) stack[i] = LeafIValue(argument_rules_[i], flat_.arguments()[i], leaves[i]);
+  return true;
 }
 
 // --- binding and conversion --------------------------------------------------
@@ -367,8 +369,7 @@ bool Boundary::Bind(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, 
   return true;
 }
 
-bool Boundary::ConvertAll(PyObject* const* values, PyObject** out, PyObject** tensors,
-                          std::vector<PyObject*>& keep) {
+bool Boundary::ConvertAll(PyObject* const* values, PyObject** out, PyObject** tensors, Owned& keep) {
   for (size_t i = 0; i < params_.size(); ++i) {
     out[i] = Convert(params_[i], values[i], tensors, keep, Context::kArgument);
     if (out[i] == nullptr) {
@@ -379,8 +380,7 @@ bool Boundary::ConvertAll(PyObject* const* values, PyObject** out, PyObject** te
   return true;
 }
 
-PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep,
-                            Context ctx) {
+PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, Owned& keep, Context ctx) {
   switch (node.kind) {
     case Node::Kind::kLeaf: {
       PyObject* out = ConvertLeaf(node.rule, obj);
@@ -400,18 +400,8 @@ PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, std::
       if (!PyList_Check(obj) && !PyTuple_Check(obj)) {
         return FailExpected(op_, node.where, ctx, "a list", node.optional, obj);
       }
-      const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-      PyObject* out = PyList_New(n);
-      if (out == nullptr) return nullptr;
-      for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* item = ConvertChoice(node, PySequence_Fast_ITEMS(obj)[i], ctx);
-        if (item == nullptr) {
-          Py_DECREF(out);
-          return nullptr;
-        }
-        PyList_SET_ITEM(out, i, item);
-      }
-      return out;
+      PyObject** items = PySequence_Fast_ITEMS(obj);
+      return NewList(PySequence_Fast_GET_SIZE(obj), [&](Py_ssize_t i) { return ConvertChoice(node, items[i], ctx); });
     }
     case Node::Kind::kHandle: {
       if (obj == Py_None) {
@@ -453,8 +443,7 @@ PyObject* Boundary::ConvertChoice(const Node& node, PyObject* item, Context ctx)
               ctx == Context::kDefault ? "Change the default." : "Pass one of them.");
 }
 
-PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep,
-                                  Context ctx) {
+PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors, Owned& keep, Context ctx) {
   const std::string& qual = node.qual;
   if (obj == Py_None) {
     if (node.optional) return Py_NewRef(Py_None);
@@ -486,33 +475,20 @@ PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors,
                   Fix(ctx, "a " + qual));
     }
     PyObject* converted = Convert(node.children[i], value, tensors, keep, ctx);
-    if (converted == nullptr) {
-      Py_DECREF(value);
-      return nullptr;
-    }
-    changed = changed || converted != value;
     Py_DECREF(value);
+    if (converted == nullptr) return nullptr;
+    changed = changed || converted != value;
     fields.items.push_back(converted);
   }
-  if (!changed) {
-    // The fields stay where they are; tensor slots may point at them.
-    if (node.has_tensor_slots) {
-      for (PyObject*& f : fields.items) {
-        keep.push_back(f);
-        f = nullptr;
-      }
-    }
-    if (node.cache) node.cache->Add(obj);
-    return Py_NewRef(obj);
+  PyObject* out =
+      changed ? PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr()) : Py_NewRef(obj);
+  if (!changed && node.cache) node.cache->Add(obj);
+  if (out != nullptr && node.has_tensor_slots) {
+    // Tensor slots point at the converted fields: they live as long as the call.
+    keep.items.append(fields.items.begin(), fields.items.end());
+    fields.items.clear();
   }
-  PyObject* rebuilt = PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
-  if (rebuilt != nullptr && node.has_tensor_slots) {
-    for (PyObject*& f : fields.items) {
-      keep.push_back(f);
-      f = nullptr;
-    }
-  }
-  return rebuilt;
+  return out;
 }
 
 PyObject* Boundary::ConvertReturnNode(Node& node, PyObject* obj) {
@@ -562,26 +538,13 @@ PyObject* Boundary::CheckReturn(PyObject* value) {
                     std::to_string(got) + ".",
                 "Return a tuple of " + std::to_string(n) + " values.");
   }
-  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(n));
-  if (out == nullptr) return nullptr;
-  for (size_t i = 0; i < n; ++i) {
-    PyObject* item = ConvertReturnNode(returns_[i], PySequence_Fast_ITEMS(value)[i]);
-    if (item == nullptr) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), item);
-  }
-  return out;
+  PyObject** items = PySequence_Fast_ITEMS(value);
+  return NewTuple(got, [&](Py_ssize_t i) { return ConvertReturnNode(returns_[i], items[i]); });
 }
 
 // --- the dispatcher path -----------------------------------------------------
 
-bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, std::vector<PyObject*>& owned) {
-  auto keep = [&](PyObject* obj) {
-    if (obj != nullptr) owned.push_back(obj);
-    return obj;
-  };
+bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, Owned& owned) {
   switch (node.kind) {
     case Node::Kind::kLeaf:
     case Node::Kind::kLiteral:
@@ -594,17 +557,11 @@ bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** lea
         leaves[node.leaf_index] = value;
         return true;
       }
-      if (!node.is_list) return (leaves[node.leaf_index] = keep(PyObject_GetAttr(value, kValue))) != nullptr;
-      const Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
-      PyObject* list = keep(PyList_New(n));
-      if (list == nullptr) return false;
-      for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* raw = PyObject_GetAttr(PySequence_Fast_ITEMS(value)[i], kValue);
-        if (raw == nullptr) return false;
-        PyList_SET_ITEM(list, i, raw);
-      }
-      leaves[node.leaf_index] = list;
-      return true;
+      if (!node.is_list) return (leaves[node.leaf_index] = owned.Add(PyObject_GetAttr(value, kValue))) != nullptr;
+      PyObject** items = PySequence_Fast_ITEMS(value);
+      leaves[node.leaf_index] = owned.Add(
+          NewList(PySequence_Fast_GET_SIZE(value), [&](Py_ssize_t i) { return PyObject_GetAttr(items[i], kValue); }));
+      return leaves[node.leaf_index] != nullptr;
     }
     case Node::Kind::kHandle: {
       if (value == Py_None) {
@@ -614,8 +571,8 @@ bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** lea
       if (!handle_for_) handle_for_ = py::module_::import("opforge.handles").attr("handle_for");
       py::str at(op_ + ": " + node.where.Text());
       PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
-      return (leaves[node.leaf_index] = keep(PyObject_Vectorcall(handle_for_.ptr(), call_args, 3, nullptr))) !=
-             nullptr;
+      leaves[node.leaf_index] = owned.Add(PyObject_Vectorcall(handle_for_.ptr(), call_args, 3, nullptr));
+      return leaves[node.leaf_index] != nullptr;
     }
     case Node::Kind::kStruct: {
       if (value == Py_None) {
@@ -633,7 +590,7 @@ bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** lea
       }
       if (node.optional) leaves[node.presence_index] = Py_True;
       for (size_t i = 0; i < node.children.size(); ++i) {
-        PyObject* field = keep(PyObject_GetAttr(value, node.field_names[i].ptr()));
+        PyObject* field = owned.Add(PyObject_GetAttr(value, node.field_names[i].ptr()));
         if (field == nullptr || !FlattenArgument(node.children[i], field, leaves, owned)) return false;
       }
       return true;
@@ -644,16 +601,10 @@ bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** lea
 
 PyObject* Boundary::RebuildReturn(const Node& node, PyObject* const* flat) {
   if (node.kind != Node::Kind::kStruct) return Py_NewRef(flat[node.leaf_index]);
-  Owned fields;
-  for (const Node& child : node.children) {
-    PyObject* value = RebuildReturn(child, flat);
-    if (value == nullptr) return nullptr;
-    fields.items.push_back(value);
-  }
-  return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
+  return Construct(node, [&](const Node& child) { return RebuildReturn(child, flat); });
 }
 
-bool Boundary::FlattenLeaves(PyObject* const* converted, PyObject** leaves, std::vector<PyObject*>& owned) {
+bool Boundary::FlattenLeaves(PyObject* const* converted, PyObject** leaves, Owned& owned) {
   for (size_t p = 0; p < params_.size(); ++p) {
     if (!FlattenArgument(params_[p], converted[p], leaves, owned)) return false;
   }
@@ -663,29 +614,18 @@ bool Boundary::FlattenLeaves(PyObject* const* converted, PyObject** leaves, std:
 PyObject* Boundary::Dispatch(PyObject* overload, PyObject* const* converted) {
   const size_t n = flat_.arguments().size();
   c10::SmallVector<PyObject*, 16> leaves(n, nullptr);
-  std::vector<PyObject*> owned;
-  struct Release {
-    std::vector<PyObject*>& items;
-    ~Release() {
-      for (PyObject* p : items) Py_DECREF(p);
-    }
-  } release{owned};
+  Owned owned;
   if (!FlattenLeaves(converted, leaves.data(), owned)) return nullptr;
   PyObject* out = PyObject_Vectorcall(overload, leaves.data(), num_flat_positional_, flat_kwnames_.ptr());
   if (out == nullptr || leaf_returns_) return out;
-  owned.push_back(out);
+  owned.Add(out);
   return RebuildOutput(flat_.returns().size() == 1 ? &out : PySequence_Fast_ITEMS(out));
 }
 
 PyObject* Boundary::RebuildOutput(PyObject* const* flat) {
   if (returns_.size() == 1) return RebuildReturn(returns_[0], flat);
-  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(returns_.size()));
-  for (size_t r = 0; tuple != nullptr && r < returns_.size(); ++r) {
-    PyObject* value = RebuildReturn(returns_[r], flat);
-    if (value == nullptr) Py_CLEAR(tuple);
-    if (tuple != nullptr) PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(r), value);
-  }
-  return tuple;
+  return NewTuple(static_cast<Py_ssize_t>(returns_.size()),
+                  [&](Py_ssize_t r) { return RebuildReturn(returns_[r], flat); });
 }
 
 bool Boundary::FlattenReturn(const Node& node, PyObject* value, PyObject** flat) {
@@ -715,7 +655,7 @@ bool Boundary::FlattenOutput(PyObject* output, PyObject** flat) {
 
 PyObject* Boundary::Leaf(c10::ArrayRef<c10::IValue> args, size_t index, Owned& owned) {
   const c10::IValue& v = args[index];
-  PyObject* out = v.isTensor() ? THPVariable_Wrap(v.toTensor()) : PresentArgument(index, v);
+  PyObject* out = v.isTensor() ? THPVariable_Wrap(v.toTensor()) : PresentLeaf(argument_rules_.at(index), v);
   if (out != nullptr) owned.Add(out);
   return out;
 }
@@ -738,17 +678,7 @@ PyObject* Boundary::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, O
         return Py_XNewRef(m);
       };
       if (!node.is_list) return member(value);
-      const Py_ssize_t n = PyList_GET_SIZE(value);
-      PyObject* out = PyList_New(n);
-      for (Py_ssize_t i = 0; out != nullptr && i < n; ++i) {
-        PyObject* m = member(PyList_GET_ITEM(value, i));
-        if (m == nullptr) {
-          Py_CLEAR(out);
-        } else {
-          PyList_SET_ITEM(out, i, m);
-        }
-      }
-      return out;
+      return NewList(PyList_GET_SIZE(value), [&](Py_ssize_t i) { return member(PyList_GET_ITEM(value, i)); });
     }
     case Node::Kind::kHandle: {
       PyObject* value = Leaf(args, static_cast<size_t>(node.leaf_index), owned);
@@ -761,14 +691,7 @@ PyObject* Boundary::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, O
     }
     case Node::Kind::kStruct: {
       if (node.optional && !args[static_cast<size_t>(node.presence_index)].toBool()) return Py_NewRef(Py_None);
-      Owned fields;
-      fields.items.reserve(node.children.size());
-      for (const Node& child : node.children) {
-        PyObject* value = Rebuild(child, args, owned);
-        if (value == nullptr) return nullptr;
-        fields.Add(value);
-      }
-      return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
+      return Construct(node, [&](const Node& child) { return Rebuild(child, args, owned); });
     }
   }
   return nullptr;
@@ -776,13 +699,8 @@ PyObject* Boundary::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, O
 
 PyObject* Boundary::RebuildArgs(c10::ArrayRef<c10::IValue> args) {
   Owned owned;
-  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(params_.size()));
-  for (size_t p = 0; out != nullptr && p < params_.size(); ++p) {
-    PyObject* value = Rebuild(params_[p], args, owned);
-    if (value == nullptr) Py_CLEAR(out);
-    if (out != nullptr) PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(p), value);
-  }
-  return out;
+  return NewTuple(static_cast<Py_ssize_t>(params_.size()),
+                  [&](Py_ssize_t p) { return Rebuild(params_[p], args, owned); });
 }
 
 // --- Python-facing helpers ---------------------------------------------------
@@ -797,16 +715,13 @@ py::tuple Boundary::ConvertCall(py::args args, py::kwargs kwargs) {
     kwnames[k++] = item.first;
     flat_args.push_back(item.second.ptr());
   }
-  std::vector<PyObject*> values(n), out(n);
+  std::vector<PyObject*> values(n), out(n), tensors(num_tensor_slots_, nullptr);
   if (!Bind(flat_args.data(), static_cast<Py_ssize_t>(args.size()), kwargs.size() ? kwnames.ptr() : nullptr,
             values.data())) {
     throw py::type_error(op_ + ": the arguments do not match the op's parameters.");
   }
-  std::vector<PyObject*> tensors(num_tensor_slots_, nullptr);
-  std::vector<PyObject*> keep;
-  const bool ok = ConvertAll(values.data(), out.data(), tensors.data(), keep);
-  for (PyObject* p : keep) Py_DECREF(p);
-  if (!ok) throw py::error_already_set();
+  Owned keep;
+  if (!ConvertAll(values.data(), out.data(), tensors.data(), keep)) throw py::error_already_set();
   py::tuple result(n);
   for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(result.ptr(), static_cast<Py_ssize_t>(i), out[i]);
   return result;
@@ -830,11 +745,9 @@ py::list Boundary::FlatDefaults() {
 void Boundary::CheckDefaults() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!defaults_[i]) continue;
-    std::vector<PyObject*> keep;
-    PyObject* out = Convert(params_[i], defaults_[i].ptr(), nullptr, keep, Context::kDefault);
-    for (PyObject* p : keep) Py_DECREF(p);
+    Owned keep;
+    PyObject* out = keep.Add(Convert(params_[i], defaults_[i].ptr(), nullptr, keep, Context::kDefault));
     if (out == nullptr) throw py::error_already_set();
-    Py_DECREF(out);
   }
 }
 
@@ -864,7 +777,6 @@ void InitBoundary(py::module_& m) {
            "Raises if a parameter's default does not convert to its type.")
       .def_property_readonly("num_tensor_slots", &Boundary::num_tensor_slots)
       .def_property_readonly("mutated_slots", &Boundary::mutated_slots);
-
 }
 
 }  // namespace opforge

@@ -16,9 +16,6 @@ namespace {
 
 using Kind = LeafRule::Kind;
 
-// torch's own conversion; null (and no Python error) when torch rejects.
-PyObject* TorchConvert(const LeafRule& rule, PyObject* obj);
-
 bool IsExactInt64(PyObject* obj) {
   if (!PyLong_CheckExact(obj)) return false;
   int overflow = 0;
@@ -26,30 +23,13 @@ bool IsExactInt64(PyObject* obj) {
   return overflow == 0;
 }
 
-PyObject* ConvertList(const LeafRule& rule, PyObject* obj) {
-  if (PyUnicode_Check(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj) || PyDict_Check(obj) ||
-      PyAnySet_Check(obj)) {
-    return nullptr;
-  }
-  const LeafRule& element = *rule.element;
-  if (element.kind == Kind::kTensor && THPVariable_Check(obj)) return nullptr;
-  if (!PyList_Check(obj) && !PyTuple_Check(obj)) return TorchConvert(rule, obj);
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-  PyObject* out = PyList_New(n);
-  if (out == nullptr) {
-    PyErr_Clear();
-    return nullptr;
-  }
-  PyObject** items = PySequence_Fast_ITEMS(obj);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = ConvertLeaf(element, items[i]);
-    if (item == nullptr) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyList_SET_ITEM(out, i, item);
-  }
-  return out;
+// The torch object for a dtype, layout or memory-format code, or null for a code out of range.
+template <class Enum, class Get>
+PyObject* FromCode(const c10::IValue& value, Get get) {
+  if (!value.isInt()) return nullptr;
+  const int64_t code = value.toInt();
+  if (code < 0 || code >= static_cast<int64_t>(Enum::NumOptions)) return nullptr;
+  return Py_NewRef(reinterpret_cast<PyObject*>(get(static_cast<Enum>(code))));
 }
 
 }  // namespace
@@ -105,34 +85,19 @@ bool HoldsTensors(const LeafRule& rule) {
   return rule.kind == Kind::kTensor || (rule.kind == Kind::kList && rule.element->kind == Kind::kTensor);
 }
 
-// torch's presentation of a converted argument to a Python kernel.
 PyObject* Present(const LeafRule& rule, const c10::IValue& value) {
   if (value.isNone()) return Py_NewRef(Py_None);
   switch (rule.kind) {
-    case Kind::kScalarType: {
-      if (!value.isInt()) return nullptr;
-      const int64_t code = value.toInt();
-      if (code < 0 || code >= static_cast<int64_t>(c10::ScalarType::NumOptions)) return nullptr;
-      return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(code))));
-    }
-    case Kind::kLayout: {
-      if (!value.isInt()) return nullptr;
-      const int64_t code = value.toInt();
-      if (code < 0 || code >= static_cast<int64_t>(c10::Layout::NumOptions)) return nullptr;
-      return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(code))));
-    }
-    case Kind::kMemoryFormat: {
-      if (!value.isInt()) return nullptr;
-      const int64_t code = value.toInt();
-      if (code < 0 || code >= static_cast<int64_t>(c10::MemoryFormat::NumOptions)) return nullptr;
-      return Py_NewRef(torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(code)));
-    }
-    default:
-      return torch::jit::toPyObject(value).release().ptr();
+    case Kind::kScalarType: return FromCode<c10::ScalarType>(value, torch::getTHPDtype);
+    case Kind::kLayout: return FromCode<c10::Layout>(value, torch::getTHPLayout);
+    case Kind::kMemoryFormat: return FromCode<c10::MemoryFormat>(value, torch::utils::getTHPMemoryFormat);
+    default: return torch::jit::toPyObject(value).release().ptr();
   }
 }
 
 namespace {
+
+// torch's own conversion; null (and no Python error) when torch rejects.
 PyObject* TorchConvert(const LeafRule& rule, PyObject* obj) {
   try {
     c10::IValue value = torch::jit::toIValue(obj, rule.type, rule.N);
@@ -143,6 +108,20 @@ PyObject* TorchConvert(const LeafRule& rule, PyObject* obj) {
     PyErr_Clear();
     return nullptr;
   }
+}
+
+PyObject* ConvertList(const LeafRule& rule, PyObject* obj) {
+  if (PyUnicode_Check(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj) || PyDict_Check(obj) ||
+      PyAnySet_Check(obj)) {
+    return nullptr;
+  }
+  const LeafRule& element = *rule.element;
+  if (element.kind == Kind::kTensor && THPVariable_Check(obj)) return nullptr;
+  if (!PyList_Check(obj) && !PyTuple_Check(obj)) return TorchConvert(rule, obj);
+  PyObject** items = PySequence_Fast_ITEMS(obj);
+  PyObject* out = NewList(PySequence_Fast_GET_SIZE(obj), [&](Py_ssize_t i) { return ConvertLeaf(element, items[i]); });
+  if (out == nullptr) PyErr_Clear();  // a failed PyList_New; an item that does not fit sets no error
+  return out;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include <array>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "python/autograd.h"
@@ -251,33 +252,23 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
   if (b == nullptr) return CallFallback(op, self, args, nargs, kwnames);
   const size_t n = b->num_params();
   const size_t nslots = b->num_tensor_slots();
-  c10::SmallVector<PyObject*, 16> values(n), out(n), tensors(nslots, nullptr);
+  c10::SmallVector<PyObject*, 16> values(n), tensors(nslots, nullptr);
   if (!b->Bind(args, nargs, kwnames, values.data())) return CallFallback(op, self, args, nargs, kwnames);
-  std::vector<PyObject*> keep;
-  const bool converted = b->ConvertAll(values.data(), out.data(), tensors.data(), keep);
-  struct Release {
-    c10::SmallVector<PyObject*, 16>& items;
-    std::vector<PyObject*>& keep;
-    bool converted;
-    ~Release() {
-      if (converted) {
-        for (PyObject* p : items) Py_DECREF(p);
-      }
-      for (PyObject* p : keep) Py_DECREF(p);
-    }
-  } release{out, keep, converted};
-  if (!converted) return nullptr;
+  Owned keep, converted;  // released however the call ends
+  converted.items.resize(n);
+  PyObject** out = converted.items.data();
+  if (!b->ConvertAll(values.data(), out, tensors.data(), keep)) return nullptr;
 
   PyObject* kernel = nullptr;
   switch (ChooseRoute(op, tensors.data(), &kernel)) {
     case Route::kCppDispatcher:
-      return CallDispatcher(op, out.data());
+      return CallDispatcher(op, out);
     case Route::kBody: {
       PyObject* result;
       {
         // What the dispatcher's autograd step does before calling the kernel.
         BelowAutograd guard(!b->mutated_slots().empty());
-        result = PyObject_Vectorcall(kernel, out.data(), b->num_positional(), b->body_kwnames());
+        result = PyObject_Vectorcall(kernel, out, b->num_positional(), b->body_kwnames());
       }
       if (result == nullptr) return nullptr;
       PyObject* checked = b->CheckReturn(result);
@@ -285,11 +276,11 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
       return checked;
     }
     case Route::kBodyWithGrad:
-      return CallWithGrad(*op->bridge, kernel, out.data(), tensors.data());
+      return CallWithGrad(*op->bridge, kernel, out, tensors.data());
     case Route::kDispatcher:
       break;
   }
-  return b->Dispatch(op->overload, out.data());
+  return b->Dispatch(op->overload, out);
 }
 
 PyObject* OpCall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -396,7 +387,8 @@ PyObject* OpSetKernel(PyObject* self, PyObject* args) {
   PyObject *device, *kernel;
   if (!PyArg_ParseTuple(args, "OO", &device, &kernel)) return nullptr;
   return Guarded(PyExc_ValueError, [&] {
-    PyObject*& slot = device == Py_None ? op->default_kernel : op->kernels[static_cast<size_t>(ParseDeviceType(device))];
+    PyObject*& slot =
+        device == Py_None ? op->default_kernel : op->kernels[static_cast<size_t>(ParseDeviceType(device))];
     Py_XSETREF(slot, Py_NewRef(kernel));
   });
 }
@@ -492,11 +484,8 @@ void InitOpObject(py::module_& m) {
   m.add_object("OpBase", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&OpType)));
   m.def("install_fast_call", &InstallFastCall, py::arg("cls"),
         "Makes eager calls of instances of `cls` (an OpBase subclass) take the C entry.");
-  m.def("set_fast_path_enabled", [](bool enabled) {
-    bool previous = g_enabled;
-    g_enabled = enabled;
-    return previous;
-  }, py::arg("enabled"), "Turns the eager fast path on or off for every op; returns the previous setting.");
+  m.def("set_fast_path_enabled", [](bool enabled) { return std::exchange(g_enabled, enabled); }, py::arg("enabled"),
+        "Turns the eager fast path on or off for every op; returns the previous setting.");
 }
 
 }  // namespace opforge
