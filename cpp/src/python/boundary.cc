@@ -2,29 +2,8 @@
 // its rule (leaf_rule.h).
 #include "python/boundary.h"
 
-#include <ATen/core/LegacyTypeDispatch.h>
-#include <ATen/record_function.h>
-#include <ATen/PythonTorchFunctionTLS.h>
-#include <c10/core/GradMode.h>
-#include <c10/core/InferenceMode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
-#include <c10/util/SmallVector.h>
-#include <torch/csrc/Device.h>
-#include <torch/csrc/Exceptions.h>
-#include <torch/csrc/Dtype.h>
-#include <torch/csrc/DynamicTypes.h>
-#include <torch/csrc/Generator.h>
-#include <torch/csrc/Layout.h>
-#include <torch/csrc/MemoryFormat.h>
 #include <torch/csrc/autograd/python_variable.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
-#include <torch/csrc/jit/python/pybind_utils.h>
-#include <torch/csrc/utils/tensor_memoryformats.h>
-
-#include <cstring>
-#include <functional>
 
 namespace py = pybind11;
 
@@ -88,21 +67,13 @@ bool Cacheable(const Node& node) {
     case Node::Kind::kEnum:
     case Node::Kind::kLiteral: return !node.is_list;
     case Node::Kind::kHandle: return false;
-    case Node::Kind::kStruct:
-      for (const auto& child : node.children) {
-        if (!Cacheable(child)) return false;
-      }
-      return true;
+    case Node::Kind::kStruct: return std::all_of(node.children.begin(), node.children.end(), Cacheable);
   }
   return false;
 }
 
 bool HasTensorSlots(const Node& node) {
-  if (node.kind == Node::Kind::kLeaf) return node.tensor_slot >= 0;
-  for (const auto& child : node.children) {
-    if (HasTensorSlots(child)) return true;
-  }
-  return false;
+  return node.tensor_slot >= 0 || std::any_of(node.children.begin(), node.children.end(), HasTensorSlots);
 }
 
 // An interned str: names the calls compare by identity first.
@@ -128,6 +99,16 @@ PyObject* Construct(const Node& node, Field&& field) {
     if (fields.Add(field(child)) == nullptr) return nullptr;
   }
   return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
+}
+
+// An absent optional struct's leaves: its presence leaves False, every other leaf None.
+void FlattenAbsent(const Node& node, PyObject** leaves) {
+  if (node.kind != Node::Kind::kStruct) {
+    leaves[node.leaf_index] = Py_None;
+    return;
+  }
+  if (node.optional) leaves[node.presence_index] = Py_False;
+  for (const Node& child : node.children) FlattenAbsent(child, leaves);
 }
 
 }  // namespace
@@ -186,9 +167,7 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
       ++slot;
     }
   }
-  if (static_cast<size_t>(slot) != num_tensor_slots_) {
-    throw std::invalid_argument(op_ + ": tensor leaves out of order");
-  }
+  if (static_cast<size_t>(slot) != num_tensor_slots_) throw std::invalid_argument(op_ + ": tensor leaves out of order");
   for (size_t i = 0; i < lowered.returns.size(); ++i) {
     const Location where{lowered.returns.size() == 1 ? "return value" : "return value " + std::to_string(i), {}};
     returns_.push_back(BuildReturn(lowered.returns[i], flat_, where, classes));
@@ -207,7 +186,11 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
   for (const auto& ret : flat_.returns()) return_rules_.push_back(MakeRule(ret.real_type(), std::nullopt));
 }
 
-Boundary::~Boundary() = default;
+PyObject* Boundary::CallHandles(PyObject* fn, const Node& node, PyObject* value) const {
+  py::str at(op_ + ": " + node.where.Text());
+  PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
+  return PyObject_Vectorcall(fn, call_args, 3, nullptr);
+}
 
 PyObject* Boundary::PresentLeaf(const LeafRule& rule, const c10::IValue& value) const {
   PyObject* out = Present(rule, value);
@@ -274,11 +257,7 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered, const 
       node.kind = Node::Kind::kLiteral;
       py::list values;
       for (const auto& v : info.allowed) {
-        if (v.kind == Value::Kind::kString) {
-          values.append(py::str(v.s));
-        } else {
-          values.append(py::int_(v.i));
-        }
+        values.append(v.kind == Value::Kind::kString ? py::object(py::str(v.s)) : py::int_(v.i));
       }
       node.allowed = py::reinterpret_steal<py::object>(PyFrozenSet_New(values.ptr()));
       if (!node.allowed) throw py::error_already_set();
@@ -339,22 +318,13 @@ bool Boundary::Bind(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, 
     const Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t j = 0; j < nk; ++j) {
       PyObject* key = PyTuple_GET_ITEM(kwnames, j);
-      size_t index = n;
-      for (size_t i = 0; i < n; ++i) {
-        if (names_[i].ptr() == key) {
-          index = i;
-          break;
-        }
-      }
-      if (index == n) {
-        for (size_t i = 0; i < n; ++i) {
-          const int eq = PyUnicode_Compare(names_[i].ptr(), key);
-          if (eq == 0) {
-            index = i;
-            break;
-          }
-          if (eq == -1 && PyErr_Occurred()) PyErr_Clear();
-        }
+      // By identity (interned names), then by value.
+      size_t index = 0;
+      while (index < n && names_[index].ptr() != key) ++index;
+      for (size_t i = 0; index == n && i < n; ++i) {
+        const int eq = PyUnicode_Compare(names_[i].ptr(), key);
+        if (eq == 0) index = i;
+        if (eq == -1 && PyErr_Occurred()) PyErr_Clear();
       }
       if (index == n || out[index] != nullptr) return false;
       out[index] = args[nargs + j];
@@ -381,42 +351,29 @@ bool Boundary::ConvertAll(PyObject* const* values, PyObject** out, PyObject** te
 }
 
 PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, Owned& keep, Context ctx) {
-  switch (node.kind) {
-    case Node::Kind::kLeaf: {
-      PyObject* out = ConvertLeaf(node.rule, obj);
-      if (out == nullptr) return FailExpected(op_, node.where, ctx, node.rule.expected, node.optional, obj);
-      if (node.tensor_slot >= 0 && tensors != nullptr) tensors[node.tensor_slot] = out;
-      return out;
-    }
-    case Node::Kind::kEnum:
-    case Node::Kind::kLiteral: {
-      if (obj == Py_None) {
-        if (node.optional) return Py_NewRef(Py_None);
-        return FailExpected(op_, node.where, ctx,
-                            node.kind == Node::Kind::kEnum ? "a member of " + node.qual : node.rule.expected, false,
-                            obj);
-      }
-      if (!node.is_list) return ConvertChoice(node, obj, ctx);
-      if (!PyList_Check(obj) && !PyTuple_Check(obj)) {
-        return FailExpected(op_, node.where, ctx, "a list", node.optional, obj);
-      }
-      PyObject** items = PySequence_Fast_ITEMS(obj);
-      return NewList(PySequence_Fast_GET_SIZE(obj), [&](Py_ssize_t i) { return ConvertChoice(node, items[i], ctx); });
-    }
-    case Node::Kind::kHandle: {
-      if (obj == Py_None) {
-        if (node.optional) return Py_NewRef(Py_None);
-        return FailExpected(op_, node.where, ctx, "a " + Qualname(node.cls.ptr()) + " object", false, obj);
-      }
-      const std::string at = op_ + ": " + node.where.Text();
-      py::str where_text(at);
-      PyObject* call_args[] = {obj, node.cls.ptr(), where_text.ptr()};
-      return PyObject_Vectorcall(handle_check_.ptr(), call_args, 3, nullptr);
-    }
-    case Node::Kind::kStruct:
-      return ConvertStruct(node, obj, tensors, keep, ctx);
+  if (node.kind == Node::Kind::kLeaf) {
+    PyObject* out = ConvertLeaf(node.rule, obj);
+    if (out == nullptr) return FailExpected(op_, node.where, ctx, node.rule.expected, node.optional, obj);
+    if (node.tensor_slot >= 0 && tensors != nullptr) tensors[node.tensor_slot] = out;
+    return out;
   }
-  return nullptr;
+  if (obj == Py_None) {
+    if (node.optional) return Py_NewRef(Py_None);
+    const std::string expected = node.kind == Node::Kind::kEnum      ? "a member of " + node.qual
+                                 : node.kind == Node::Kind::kLiteral ? node.rule.expected
+                                 : node.kind == Node::Kind::kHandle  ? "a " + Qualname(node.cls.ptr()) + " object"
+                                                                     : "a " + node.qual;
+    return FailExpected(op_, node.where, ctx, expected, false, obj);
+  }
+  if (node.kind == Node::Kind::kStruct) return ConvertStruct(node, obj, tensors, keep, ctx);
+  if (node.kind == Node::Kind::kHandle) return CallHandles(handle_check_.ptr(), node, obj);
+  // kEnum, kLiteral: one value, or a list of them.
+  if (!node.is_list) return ConvertChoice(node, obj, ctx);
+  if (!PyList_Check(obj) && !PyTuple_Check(obj)) {
+    return FailExpected(op_, node.where, ctx, "a list", node.optional, obj);
+  }
+  PyObject** items = PySequence_Fast_ITEMS(obj);
+  return NewList(PySequence_Fast_GET_SIZE(obj), [&](Py_ssize_t i) { return ConvertChoice(node, items[i], ctx); });
 }
 
 PyObject* Boundary::ConvertChoice(const Node& node, PyObject* item, Context ctx) {
@@ -445,18 +402,12 @@ PyObject* Boundary::ConvertChoice(const Node& node, PyObject* item, Context ctx)
 
 PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors, Owned& keep, Context ctx) {
   const std::string& qual = node.qual;
-  if (obj == Py_None) {
-    if (node.optional) return Py_NewRef(Py_None);
-    return FailExpected(op_, node.where, ctx, "a " + qual, false, obj);
-  }
   if (node.cache && node.cache->Contains(obj)) return Py_NewRef(obj);
   const bool exact = Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(node.cls.ptr());
   if (!exact) {
     const int is = PyObject_IsInstance(obj, node.cls.ptr());
     if (is < 0) return nullptr;
-    if (is == 0 && !duck_structs_) {
-      return FailExpected(op_, node.where, ctx, "a " + qual + " instance", false, obj);
-    }
+    if (is == 0 && !duck_structs_) return FailExpected(op_, node.where, ctx, "a " + qual + " instance", false, obj);
   }
   const size_t n = node.children.size();
   Owned fields;
@@ -569,23 +520,11 @@ bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** lea
         return true;
       }
       if (!handle_for_) handle_for_ = py::module_::import("opforge.handles").attr("handle_for");
-      py::str at(op_ + ": " + node.where.Text());
-      PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
-      leaves[node.leaf_index] = owned.Add(PyObject_Vectorcall(handle_for_.ptr(), call_args, 3, nullptr));
-      return leaves[node.leaf_index] != nullptr;
+      return (leaves[node.leaf_index] = owned.Add(CallHandles(handle_for_.ptr(), node, value))) != nullptr;
     }
     case Node::Kind::kStruct: {
       if (value == Py_None) {
-        // An absent optional struct: its presence leaves False, every other leaf None.
-        std::function<void(const Node&)> absent = [&](const Node& n) {
-          if (n.kind != Node::Kind::kStruct) {
-            leaves[n.leaf_index] = Py_None;
-            return;
-          }
-          if (n.optional) leaves[n.presence_index] = Py_False;
-          for (const Node& child : n.children) absent(child);
-        };
-        absent(node);
+        FlattenAbsent(node, leaves);
         return true;
       }
       if (node.optional) leaves[node.presence_index] = Py_True;
@@ -633,12 +572,10 @@ bool Boundary::FlattenReturn(const Node& node, PyObject* value, PyObject** flat)
     Py_XSETREF(flat[node.leaf_index], Py_NewRef(value));
     return true;
   }
+  Owned fields;
   for (size_t i = 0; i < node.children.size(); ++i) {
-    PyObject* field = PyObject_GetAttr(value, node.field_names[i].ptr());
-    if (field == nullptr) return false;
-    const bool ok = FlattenReturn(node.children[i], field, flat);
-    Py_DECREF(field);
-    if (!ok) return false;
+    PyObject* field = fields.Add(PyObject_GetAttr(value, node.field_names[i].ptr()));
+    if (field == nullptr || !FlattenReturn(node.children[i], field, flat)) return false;
   }
   return true;
 }
@@ -663,12 +600,16 @@ PyObject* Boundary::Leaf(c10::ArrayRef<c10::IValue> args, size_t index, Owned& o
 PyObject* Boundary::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, Owned& owned) {
   switch (node.kind) {
     case Node::Kind::kLeaf:
-    case Node::Kind::kLiteral:
-      return Py_XNewRef(Leaf(args, static_cast<size_t>(node.leaf_index), owned));
-    case Node::Kind::kEnum: {
+    case Node::Kind::kLiteral: return Py_XNewRef(Leaf(args, static_cast<size_t>(node.leaf_index), owned));
+    case Node::Kind::kEnum:
+    case Node::Kind::kHandle: {
       PyObject* value = Leaf(args, static_cast<size_t>(node.leaf_index), owned);
       if (value == nullptr) return nullptr;
       if (value == Py_None) return Py_NewRef(Py_None);
+      if (node.kind == Node::Kind::kHandle) {
+        if (!resolve_) resolve_ = py::module_::import("opforge.handles").attr("resolve");
+        return CallHandles(resolve_.ptr(), node, value);
+      }
       auto member = [&](PyObject* raw) -> PyObject* {
         PyObject* m = PyDict_GetItemWithError(node.by_value.ptr(), raw);
         if (m == nullptr && !PyErr_Occurred()) {
@@ -679,15 +620,6 @@ PyObject* Boundary::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, O
       };
       if (!node.is_list) return member(value);
       return NewList(PyList_GET_SIZE(value), [&](Py_ssize_t i) { return member(PyList_GET_ITEM(value, i)); });
-    }
-    case Node::Kind::kHandle: {
-      PyObject* value = Leaf(args, static_cast<size_t>(node.leaf_index), owned);
-      if (value == nullptr) return nullptr;
-      if (value == Py_None) return Py_NewRef(Py_None);
-      if (!resolve_) resolve_ = py::module_::import("opforge.handles").attr("resolve");
-      py::str at(op_ + ": " + node.where.Text());
-      PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
-      return PyObject_Vectorcall(resolve_.ptr(), call_args, 3, nullptr);
     }
     case Node::Kind::kStruct: {
       if (node.optional && !args[static_cast<size_t>(node.presence_index)].toBool()) return Py_NewRef(Py_None);
@@ -773,8 +705,7 @@ void InitBoundary(py::module_& m) {
            py::arg("value"), "The body's return value checked and converted against the schema's returns.")
       .def("flat_defaults", &Boundary::FlatDefaults,
            "Per flat argument: None, or a 1-tuple with the default a Python kernel receives for it.")
-      .def("check_defaults", &Boundary::CheckDefaults,
-           "Raises if a parameter's default does not convert to its type.")
+      .def("check_defaults", &Boundary::CheckDefaults, "Raises if a parameter's default does not convert to its type.")
       .def_property_readonly("num_tensor_slots", &Boundary::num_tensor_slots)
       .def_property_readonly("mutated_slots", &Boundary::mutated_slots);
 }

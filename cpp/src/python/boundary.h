@@ -20,9 +20,9 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <array>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,12 +49,7 @@ struct Owned {
 struct StructCache {
   std::array<PyObject*, 8> items{};
   size_t next = 0;
-  bool Contains(PyObject* obj) const {
-    for (PyObject* item : items) {
-      if (item == obj) return true;
-    }
-    return false;
-  }
+  bool Contains(PyObject* obj) const { return std::find(items.begin(), items.end(), obj) != items.end(); }
   void Add(PyObject* obj);
   ~StructCache();
 };
@@ -101,7 +96,6 @@ class Boundary {
   Boundary(std::string op, const LoweredOp& lowered, const std::string& definable_schema, pybind11::list params,
            pybind11::object empty, pybind11::dict classes, pybind11::dict enum_values, pybind11::dict handle_classes,
            pybind11::object handle_check, bool duck_structs);
-  ~Boundary();
 
   const std::string& op() const { return op_; }
   size_t num_params() const { return params_.size(); }
@@ -186,6 +180,9 @@ class Boundary {
   bool FlattenReturn(const Node& node, PyObject* value, PyObject** flat);
   PyObject* RebuildReturn(const Node& node, PyObject* const* flat);
   PyObject* Leaf(c10::ArrayRef<c10::IValue> args, size_t index, Owned& owned);
+  // `fn` (a function of opforge.handles) called with a kHandle node's value,
+  // its class and "op: where": a new reference, or null with an error set.
+  PyObject* CallHandles(PyObject* fn, const Node& node, PyObject* value) const;
   // Present() with an error set for a code out of range.
   PyObject* PresentLeaf(const LeafRule& rule, const c10::IValue& value) const;
   Node BuildParam(const MappingNode& m, const LoweredOp& lowered, const c10::FunctionSchema& flat,

@@ -246,23 +246,17 @@ void OpKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, to
 }
 
 // Keeps an op's kernel registered for one dispatch key while it lives.
-class KernelHandle {
- public:
-  KernelHandle(std::unique_ptr<KernelRegistration> registration, OpKernel* kernel)
-      : registration_(std::move(registration)), kernel_(kernel) {}
-  void SetFn(py::handle fn) { kernel_->SetFn(fn.ptr()); }
-
- private:
-  std::unique_ptr<KernelRegistration> registration_;
-  OpKernel* kernel_;  // owned by the dispatcher while registration_ lives
+struct KernelHandle {
+  std::unique_ptr<KernelRegistration> registration;
+  OpKernel* kernel;  // owned by the dispatcher while `registration` lives
 };
 
 }  // namespace
 
 void InitKernels(py::module_& m) {
-  py::class_<KernelHandle>(m, "OpKernel",
-                           "An op's kernel for one dispatch key, registered while this object lives.")
-      .def("set_fn", &KernelHandle::SetFn, py::arg("fn"), "Replaces the function the kernel calls.");
+  py::class_<KernelHandle>(m, "OpKernel", "An op's kernel for one dispatch key, registered while this object lives.")
+      .def("set_fn", [](KernelHandle& h, py::handle fn) { h.kernel->SetFn(fn.ptr()); }, py::arg("fn"),
+           "Replaces the function the kernel calls.");
   m.def(
       "register_kernel",
       [](std::shared_ptr<Boundary> boundary, py::handle fn, const std::string& key) {
@@ -272,7 +266,7 @@ void InitKernels(py::module_& m) {
           raw = kernel.get();
           return torch::CppFunction::makeFromBoxedFunctor(std::move(kernel));
         });
-        return std::make_unique<KernelHandle>(std::move(registration), raw);
+        return std::make_unique<KernelHandle>(KernelHandle{std::move(registration), raw});
       },
       py::arg("boundary"), py::arg("fn"), py::arg("dispatch_key"),
       "Registers the op's kernel for `dispatch_key`: flat leaves in, `fn` called with the original arguments.");

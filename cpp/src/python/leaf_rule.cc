@@ -11,6 +11,9 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
+#include <tuple>
+#include <utility>
+
 namespace opforge {
 namespace {
 
@@ -32,6 +35,28 @@ PyObject* FromCode(const c10::IValue& value, Get get) {
   return Py_NewRef(reinterpret_cast<PyObject*>(get(static_cast<Enum>(code))));
 }
 
+// A leaf's kind and how messages name its values (a list's comes from its element).
+std::pair<Kind, std::string> KindOf(const c10::Type& type) {
+  switch (type.kind()) {
+    case c10::TypeKind::TensorType: return {Kind::kTensor, "a Tensor"};
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType: return {Kind::kInt, "an int"};
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType: return {Kind::kFloat, "a float"};
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::SymBoolType: return {Kind::kBool, "a bool"};
+    case c10::TypeKind::StringType: return {Kind::kStr, "a str"};
+    case c10::TypeKind::NumberType: return {Kind::kScalar, "a number (int, float, bool or complex)"};
+    case c10::TypeKind::ScalarTypeType: return {Kind::kScalarType, "a torch.dtype"};
+    case c10::TypeKind::LayoutType: return {Kind::kLayout, "a torch.layout"};
+    case c10::TypeKind::MemoryFormatType: return {Kind::kMemoryFormat, "a torch.memory_format"};
+    case c10::TypeKind::DeviceObjType: return {Kind::kDevice, "a torch.device or a device string"};
+    case c10::TypeKind::GeneratorType: return {Kind::kGenerator, "a torch.Generator"};
+    case c10::TypeKind::ListType: return {Kind::kList, ""};
+    default: return {Kind::kOther, "a value of type " + type.str()};
+  }
+}
+
 }  // namespace
 
 LeafRule MakeRule(c10::TypePtr type, std::optional<int32_t> N) {
@@ -42,41 +67,13 @@ LeafRule MakeRule(c10::TypePtr type, std::optional<int32_t> N) {
   }
   rule.type = type;
   rule.N = N;
-  switch (type->kind()) {
-    case c10::TypeKind::TensorType: rule.kind = Kind::kTensor; rule.expected = "a Tensor"; break;
-    case c10::TypeKind::IntType:
-    case c10::TypeKind::SymIntType: rule.kind = Kind::kInt; rule.expected = "an int"; break;
-    case c10::TypeKind::FloatType:
-    case c10::TypeKind::SymFloatType: rule.kind = Kind::kFloat; rule.expected = "a float"; break;
-    case c10::TypeKind::BoolType:
-    case c10::TypeKind::SymBoolType: rule.kind = Kind::kBool; rule.expected = "a bool"; break;
-    case c10::TypeKind::StringType: rule.kind = Kind::kStr; rule.expected = "a str"; break;
-    case c10::TypeKind::NumberType:
-      rule.kind = Kind::kScalar;
-      rule.expected = "a number (int, float, bool or complex)";
-      break;
-    case c10::TypeKind::ScalarTypeType: rule.kind = Kind::kScalarType; rule.expected = "a torch.dtype"; break;
-    case c10::TypeKind::LayoutType: rule.kind = Kind::kLayout; rule.expected = "a torch.layout"; break;
-    case c10::TypeKind::MemoryFormatType:
-      rule.kind = Kind::kMemoryFormat;
-      rule.expected = "a torch.memory_format";
-      break;
-    case c10::TypeKind::DeviceObjType:
-      rule.kind = Kind::kDevice;
-      rule.expected = "a torch.device or a device string";
-      break;
-    case c10::TypeKind::GeneratorType: rule.kind = Kind::kGenerator; rule.expected = "a torch.Generator"; break;
-    case c10::TypeKind::ListType: {
-      rule.kind = Kind::kList;
-      rule.element = std::make_shared<LeafRule>(
-          MakeRule(type->expectRef<c10::ListType>().getElementType(), std::nullopt));
-      std::string noun = rule.element->expected;
-      // "an int" -> "int"; "a Tensor" -> "Tensor"
-      noun = noun.substr(noun.find(' ') + 1);
-      rule.expected = "a list of " + noun + (rule.element->optional ? " or None" : "");
-      break;
-    }
-    default: rule.kind = Kind::kOther; rule.expected = "a value of type " + type->str(); break;
+  std::tie(rule.kind, rule.expected) = KindOf(*type);
+  if (rule.kind == Kind::kList) {
+    rule.element =
+        std::make_shared<LeafRule>(MakeRule(type->expectRef<c10::ListType>().getElementType(), std::nullopt));
+    // "an int" -> "int"; "a Tensor" -> "Tensor"
+    const std::string& noun = rule.element->expected;
+    rule.expected = "a list of " + noun.substr(noun.find(' ') + 1) + (rule.element->optional ? " or None" : "");
   }
   return rule;
 }
@@ -132,48 +129,29 @@ PyObject* ConvertLeaf(const LeafRule& rule, PyObject* obj) {
     case Kind::kTensor:
       // torch hands a Python kernel the very tensor object it was given.
       return THPVariable_Check(obj) ? Py_NewRef(obj) : nullptr;
-    case Kind::kInt:
-      if (IsExactInt64(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kFloat:
-      if (PyFloat_CheckExact(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kBool:
-      if (PyBool_Check(obj)) return Py_NewRef(obj);
-      break;
+    case Kind::kInt: return IsExactInt64(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
+    case Kind::kFloat: return PyFloat_CheckExact(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
+    case Kind::kBool: return PyBool_Check(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
     case Kind::kStr:
-      if (PyUnicode_CheckExact(obj)) {
-        if (PyUnicode_IS_ASCII(obj) || PyUnicode_AsUTF8(obj) != nullptr) return Py_NewRef(obj);
-        PyErr_Clear();
-        return nullptr;  // lone surrogates: no UTF-8 form for torch
-      }
-      break;
-    case Kind::kScalar:
-      if (PyFloat_CheckExact(obj) || PyBool_Check(obj) || PyComplex_CheckExact(obj) || IsExactInt64(obj)) {
-        return Py_NewRef(obj);
-      }
-      break;
-    case Kind::kScalarType:
-      if (THPDtype_Check(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kLayout:
-      if (THPLayout_Check(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kMemoryFormat:
-      if (THPMemoryFormat_Check(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kDevice:
-      if (THPDevice_Check(obj)) return Py_NewRef(obj);
-      break;
+      if (!PyUnicode_CheckExact(obj)) return TorchConvert(rule, obj);
+      if (PyUnicode_IS_ASCII(obj) || PyUnicode_AsUTF8(obj) != nullptr) return Py_NewRef(obj);
+      PyErr_Clear();
+      return nullptr;  // lone surrogates: no UTF-8 form for torch
+    case Kind::kScalar: {
+      const bool exact = PyFloat_CheckExact(obj) || PyBool_Check(obj) || PyComplex_CheckExact(obj) || IsExactInt64(obj);
+      return exact ? Py_NewRef(obj) : TorchConvert(rule, obj);
+    }
+    case Kind::kScalarType: return THPDtype_Check(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
+    case Kind::kLayout: return THPLayout_Check(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
+    case Kind::kMemoryFormat: return THPMemoryFormat_Check(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
+    case Kind::kDevice: return THPDevice_Check(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
     case Kind::kGenerator: {
       const int is = THPGenerator_Check(obj);
       if (is < 0) PyErr_Clear();
       return is > 0 ? Py_NewRef(obj) : nullptr;
     }
-    case Kind::kList:
-      return ConvertList(rule, obj);
-    case Kind::kOther:
-      break;
+    case Kind::kList: return ConvertList(rule, obj);
+    case Kind::kOther: break;
   }
   return TorchConvert(rule, obj);
 }
@@ -196,17 +174,10 @@ bool CacheableLeaf(const LeafRule& rule) {
 
 c10::IValue LeafIValue(const LeafRule& rule, const c10::Argument& arg, PyObject* obj) {
   if (obj == Py_None) return c10::IValue();
-  switch (rule.kind) {
-    case Kind::kTensor: return THPVariable_Unpack(obj);
-    case Kind::kInt:
-      if (PyLong_CheckExact(obj)) return static_cast<int64_t>(PyLong_AsLongLong(obj));
-      break;
-    case Kind::kFloat:
-      if (PyFloat_CheckExact(obj)) return PyFloat_AS_DOUBLE(obj);
-      break;
-    case Kind::kBool: return obj == Py_True;
-    default: break;
-  }
+  if (rule.kind == Kind::kTensor) return THPVariable_Unpack(obj);
+  if (rule.kind == Kind::kInt && PyLong_CheckExact(obj)) return static_cast<int64_t>(PyLong_AsLongLong(obj));
+  if (rule.kind == Kind::kFloat && PyFloat_CheckExact(obj)) return PyFloat_AS_DOUBLE(obj);
+  if (rule.kind == Kind::kBool) return obj == Py_True;
   return torch::jit::toIValue(py::handle(obj), arg.real_type(), arg.N());
 }
 

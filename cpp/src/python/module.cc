@@ -323,10 +323,8 @@ PYBIND11_MODULE(_C, m) {
           }
         },
         py::arg("name"), py::arg("fields"));
-  m.def("remove_type", [](const std::string& name) { return TypeRegistry::Global().Remove(name); },
-        py::arg("name"));
-  m.def("has_type", [](const std::string& name) { return TypeRegistry::Global().Contains(name); },
-        py::arg("name"));
+  m.def("remove_type", [](const std::string& name) { return TypeRegistry::Global().Remove(name); }, py::arg("name"));
+  m.def("has_type", [](const std::string& name) { return TypeRegistry::Global().Contains(name); }, py::arg("name"));
   m.def("type_names", [] { return TypeRegistry::Global().Names(); });
   m.def("describe_struct", [](const std::string& name) -> py::object {
     auto def = TypeRegistry::Global().FindStruct(name);
@@ -400,12 +398,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("library_op", [](const std::string& name) -> py::object {
     auto op = LibraryRegistry::Global().Find(name);
     if (!op) return py::none();
-    py::dict out;
-    out["library"] = op->library;
-    out["abi"] = op->abi;
-    out["has_cpp_autograd"] = op->has_cpp_autograd;
-    out["has_torch_layer_autograd"] = op->torch_layer_autograd != nullptr;
-    return out;
+    return py::dict(py::arg("library") = op->library, py::arg("abi") = op->abi,
+                    py::arg("has_cpp_autograd") = op->has_cpp_autograd,
+                    py::arg("has_torch_layer_autograd") = op->torch_layer_autograd != nullptr);
   }, py::arg("name"), "What a C++ library says of one of its ops, or None for an op of no C++ library.");
   m.def("abi_version", [] {
     uint32_t newest = 0;
@@ -432,8 +427,7 @@ PYBIND11_MODULE(_C, m) {
         [](const std::string& op, const std::string& tag) { return TagRegistry::Global().ArgsWithTag(op, tag); },
         py::arg("op"), py::arg("tag"));
   m.def("arg_tags", [](const std::string& op) { return TagRegistry::Global().TagsOf(op); }, py::arg("op"));
-  m.def("ops_with_tag", [](const std::string& tag) { return TagRegistry::Global().OpsWithTag(tag); },
-        py::arg("tag"));
+  m.def("ops_with_tag", [](const std::string& tag) { return TagRegistry::Global().OpsWithTag(tag); }, py::arg("tag"));
   m.def("tags_version", [] { return TagRegistry::Global().version(); });
 
   m.def("bench_parse_print",

@@ -14,7 +14,6 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <array>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -85,9 +84,7 @@ bool CheckTensor(PyObject* obj, CheckState& st, int depth) {
     st.device = device;
     // A tensor without autograd metadata cannot require grad; asking it
     // directly is a call into c10 per tensor.
-    if (!st.requires_grad && t.unsafeGetTensorImpl()->autograd_meta() != nullptr) {
-      st.requires_grad = t.requires_grad();
-    }
+    if (!st.requires_grad && t.unsafeGetTensorImpl()->autograd_meta() != nullptr) st.requires_grad = t.requires_grad();
     return true;
   }
   if (depth == 0 && (PyList_CheckExact(obj) || PyTuple_CheckExact(obj))) {
@@ -101,29 +98,16 @@ bool CheckTensor(PyObject* obj, CheckState& st, int depth) {
   return false;
 }
 
-bool AnyInference(PyObject* obj) {
-  if (obj == nullptr || obj == Py_None) return false;
-  if (THPVariable_Check(obj)) {
-    const at::Tensor& t = THPVariable_Unpack(obj);
-    return t.defined() && t.is_inference();
-  }
-  if (PyList_Check(obj) || PyTuple_Check(obj)) {
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      if (AnyInference(PySequence_Fast_ITEMS(obj)[i])) return true;
-    }
-  }
-  return false;
-}
-
-void BumpVersion(PyObject* obj) {
+// Calls `f` on each defined tensor of a tensor leaf's value: a Tensor, a list of them, or None.
+template <class F>
+void ForEachLeafTensor(PyObject* obj, F&& f) {
   if (obj == nullptr || obj == Py_None) return;
   if (THPVariable_Check(obj)) {
     const at::Tensor& t = THPVariable_Unpack(obj);
-    if (t.defined()) torch::autograd::impl::bump_version(t);
+    if (t.defined()) f(t);
   } else if (PyList_Check(obj) || PyTuple_Check(obj)) {
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-    for (Py_ssize_t i = 0; i < n; ++i) BumpVersion(PySequence_Fast_ITEMS(obj)[i]);
+    for (Py_ssize_t i = 0; i < n; ++i) ForEachLeafTensor(PySequence_Fast_ITEMS(obj)[i], f);
   }
 }
 
@@ -132,8 +116,7 @@ void BumpVersion(PyObject* obj) {
 int FastPathMode(PyObject* const* tensors, size_t n, c10::DeviceType* device) {
   if (!g_enabled) return -1;
   const auto tls = c10::impl::tls_local_dispatch_key_set();
-  if (tls.included_.remove(c10::DispatchKey::ADInplaceOrView) !=
-      c10::DispatchKeySet(c10::DispatchKey::BackendSelect)) {
+  if (tls.included_.remove(c10::DispatchKey::ADInplaceOrView) != c10::DispatchKeySet(c10::DispatchKey::BackendSelect)) {
     return -1;  // tracing, functorch, python dispatcher, ...
   }
   if (!tls.excluded_.isSupersetOf(c10::default_excluded_set)) return -1;  // autocast
@@ -205,12 +188,13 @@ Route ChooseRoute(OpObject* op, PyObject** tensors, PyObject** kernel) {
   // kernel does on the dispatcher path; bumping an inference tensor's version
   // outside inference mode is an error, which the dispatcher path raises.
   if (!b.mutated_slots().empty() && !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) {
+    bool inference = false;
     if (!c10::InferenceMode::is_enabled()) {
-      for (int slot : b.mutated_slots()) {
-        if (AnyInference(tensors[slot])) return Route::kDispatcher;
-      }
+      auto note = [&](const at::Tensor& t) { inference = inference || t.is_inference(); };
+      for (int slot : b.mutated_slots()) ForEachLeafTensor(tensors[slot], note);
     }
-    for (int slot : b.mutated_slots()) BumpVersion(tensors[slot]);
+    if (inference) return Route::kDispatcher;
+    for (int slot : b.mutated_slots()) ForEachLeafTensor(tensors[slot], torch::autograd::impl::bump_version);
   }
   return mode == 1 ? Route::kBodyWithGrad : Route::kBody;
 }
@@ -360,7 +344,6 @@ PyObject* Guarded(PyObject* exc, F&& f) {
   Py_RETURN_NONE;
 }
 
-// _bind(boundary, default_kernel, kernels, fallback)
 PyObject* OpBind(PyObject* self, PyObject* args) {
   auto* op = reinterpret_cast<OpObject*>(self);
   PyObject *boundary, *default_kernel, *kernels, *fallback;
@@ -418,7 +401,6 @@ PyObject* OpFastCheck(PyObject* /*self*/, PyObject* tensors) {
   return PyLong_FromLong(mode);
 }
 
-// _set_dispatcher_op(qualified_name, rebuild_output or None)
 PyObject* OpSetDispatcherOp(PyObject* self, PyObject* args) {
   auto* op = reinterpret_cast<OpObject*>(self);
   const char* name;
