@@ -12,9 +12,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/Exceptions.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable.h>
@@ -23,8 +21,6 @@
 
 #include <memory>
 #include <string>
-#include <type_traits>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -46,24 +42,6 @@ using torch::autograd::variable_list;
   python_error err;
   err.persist();
   throw std::move(err);
-}
-
-// Interned attribute names read at call time.
-PyObject* Name(const char* text) {
-  PyObject* s = PyUnicode_InternFromString(text);
-  if (s == nullptr) throw py::error_already_set();
-  return s;
-}
-
-struct Names {
-  PyObject* backward = Name("backward");
-  PyObject* setup_context = Name("setup_context");
-  PyObject* flatten_grads = Name("flatten_grads");
-};
-
-const Names& N() {
-  static const Names* names = new Names();
-  return *names;
 }
 
 // opforge._codegen's error classes, which are RuntimeErrors as torch.autograd's are.
@@ -93,7 +71,6 @@ class GradBridge : public std::enable_shared_from_this<GradBridge> {
     bool is_list;
     std::string where;  // "parameter 'p', field Cfg.w"
   };
-  enum class ParamKind : uint8_t { kTensor, kNoTensor, kStructWithTensors };
   enum class ReturnKind : uint8_t { kTensor, kTensorList, kOther };
 
   explicit GradBridge(py::handle opdef);
@@ -103,13 +80,11 @@ class GradBridge : public std::enable_shared_from_this<GradBridge> {
   const std::string& node_name() const { return node_name_; }
   Boundary& boundary() const { return *boundary_; }
   const std::vector<TensorLeaf>& leaves() const { return leaves_; }
-  const std::vector<ParamKind>& param_kinds() const { return param_kinds_; }
   const std::vector<int>& param_slots() const { return param_slots_; }
   const std::vector<ReturnKind>& returns() const { return returns_; }
   bool leaf_returns() const { return boundary_->leaf_returns(); }
   bool mutates() const { return !boundary_->mutated_slots().empty(); }
-  size_t num_params() const { return param_kinds_.size(); }
-  size_t num_original_returns() const { return boundary_->returns().size(); }
+  size_t num_params() const { return param_slots_.size(); }
 
   // The op's current backward and setup_context (register_autograd may
   // replace them): new references, setup_context null when None.
@@ -128,8 +103,7 @@ class GradBridge : public std::enable_shared_from_this<GradBridge> {
   PyObject* state_ = nullptr;  // the op's _State: .backward, .setup_context
   PyObject* code_ = nullptr;   // the op's OpCode
   std::vector<TensorLeaf> leaves_;
-  std::vector<ParamKind> param_kinds_;
-  std::vector<int> param_slots_;  // kTensor: the tensor leaf
+  std::vector<int> param_slots_;  // per original parameter: a Tensor parameter's tensor leaf, else -1
   std::vector<ReturnKind> returns_;
 };
 
@@ -141,16 +115,8 @@ GradBridge::GradBridge(py::handle opdef) {
   code_ = py::object(opdef.attr("_code")).release().ptr();
   const auto& params = boundary_->params();
   for (size_t p = 0; p < params.size(); ++p) {
-    const Node& node = params[p];
-    const size_t before = leaves_.size();
-    AddLeaves(node, p);
-    if (node.kind == Node::Kind::kLeaf && node.tensor_slot >= 0) {
-      param_kinds_.push_back(ParamKind::kTensor);
-      param_slots_.push_back(node.tensor_slot);
-    } else {
-      param_kinds_.push_back(leaves_.size() > before ? ParamKind::kStructWithTensors : ParamKind::kNoTensor);
-      param_slots_.push_back(-1);
-    }
+    AddLeaves(params[p], p);
+    param_slots_.push_back(params[p].tensor_slot);  // -1 but for a kLeaf holding tensors
   }
   // Tensor slots are numbered in flat order, so leaves_ is in slot order once sorted.
   std::sort(leaves_.begin(), leaves_.end(),
@@ -163,10 +129,7 @@ GradBridge::GradBridge(py::handle opdef) {
 }
 
 void GradBridge::AddLeaves(const Node& node, size_t param) {
-  if (node.kind == Node::Kind::kStruct) {
-    for (const Node& child : node.children) AddLeaves(child, param);
-    return;
-  }
+  for (const Node& child : node.children) AddLeaves(child, param);
   if (node.kind == Node::Kind::kLeaf && node.tensor_slot >= 0) {
     leaves_.push_back({static_cast<size_t>(node.leaf_index), param, node.rule.kind == LeafRule::Kind::kList,
                        node.where.Text()});
@@ -181,10 +144,14 @@ GradBridge::~GradBridge() {
   boundary_.reset();  // holds Python objects
 }
 
-PyObject* GradBridge::Backward() const { return PyObject_GetAttr(state_, N().backward); }
+PyObject* GradBridge::Backward() const {
+  static PyObject* const kBackward = PyUnicode_InternFromString("backward");
+  return PyObject_GetAttr(state_, kBackward);
+}
 
 PyObject* GradBridge::SetupContext() const {
-  PyObject* fn = PyObject_GetAttr(state_, N().setup_context);
+  static PyObject* const kSetupContext = PyUnicode_InternFromString("setup_context");
+  PyObject* fn = PyObject_GetAttr(state_, kSetupContext);
   if (fn == Py_None) {
     Py_DECREF(fn);
     return nullptr;
@@ -194,7 +161,8 @@ PyObject* GradBridge::SetupContext() const {
 }
 
 PyObject* GradBridge::FlattenGrads() const {
-  PyObject* fn = PyObject_GetAttr(code_, N().flatten_grads);
+  static PyObject* const kFlattenGrads = PyUnicode_InternFromString("flatten_grads");
+  PyObject* fn = PyObject_GetAttr(code_, kFlattenGrads);
   if (fn == nullptr) ThrowPython();
   return fn;
 }
@@ -240,8 +208,9 @@ class OpNode : public torch::autograd::Node {
     has_freed_buffers_ = true;
   }
 
-  // The inputs of one call: the defined tensors of every tensor leaf.
-  // `leaf(s)` gives the value of tensor leaf s: a Tensor, a list of them, or None.
+  // The inputs of one call, which the node's next edges lead from: the
+  // defined tensors of every tensor leaf, which `leaf(s, add)` hands over one
+  // by one (null for None).
   template <class LeafValue>
   variable_list CollectInputs(LeafValue leaf);
 
@@ -304,6 +273,7 @@ variable_list OpNode::CollectInputs(LeafValue leaf) {
     });
     counts_[s] = count;
   }
+  set_next_edges(torch::autograd::collect_next_edges(inputs));
   return inputs;
 }
 
@@ -318,12 +288,8 @@ PyObject* OpNode::Ctx() {
 }
 
 PyObject* OpNode::NeedsInputGrad() {
-  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(needs_param_.size()));
-  if (out == nullptr) return nullptr;
-  for (size_t p = 0; p < needs_param_.size(); ++p) {
-    PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(p), Py_NewRef(needs_param_[p] ? Py_True : Py_False));
-  }
-  return out;
+  return NewTuple(static_cast<Py_ssize_t>(needs_param_.size()),
+                  [&](Py_ssize_t p) { return Py_NewRef(needs_param_[p] ? Py_True : Py_False); });
 }
 
 // ctx tuples as TensorImpl sets; `what` names the ctx method for errors.
@@ -334,8 +300,7 @@ ImplSet TensorSet(PyObject* tuple, const char* what, bool bump) {
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* obj = PyTuple_GET_ITEM(tuple, i);
     // A RuntimeError, as autograd.Function raises.
-    TORCH_CHECK(THPVariable_Check(obj), what, " only accepts tensors, but argument ", i, " is of type ",
-                TypeName(obj));
+    TORCH_CHECK(THPVariable_Check(obj), what, " only accepts tensors, but argument ", i, " is of type ", TypeName(obj));
     const at::Tensor& t = THPVariable_Unpack(obj);
     out.insert(t.unsafeGetTensorImpl());
     if (bump) torch::autograd::impl::bump_version(t);
@@ -412,12 +377,7 @@ variable_list OpNode::apply(variable_list&& grads) {
   for (size_t r = 0; r < kinds.size(); ++r) {
     PyObject* value;
     if (kinds[r] == GradBridge::ReturnKind::kTensorList) {
-      value = owned.Add(PyList_New(return_counts_[r]));
-      for (int32_t i = 0; value != nullptr && i < return_counts_[r]; ++i) {
-        PyObject* g = grad_of(entry++);
-        if (g == nullptr) ThrowPython();
-        PyList_SET_ITEM(value, i, g);
-      }
+      value = owned.Add(NewList(return_counts_[r], [&](Py_ssize_t) { return grad_of(entry++); }));
     } else {
       value = owned.Add(kinds[r] == GradBridge::ReturnKind::kTensor ? grad_of(entry) : Py_NewRef(Py_None));
       ++entry;
@@ -433,7 +393,7 @@ variable_list OpNode::apply(variable_list&& grads) {
   } else {
     PyObject* original = owned.Add(b.boundary().RebuildOutput(flat.data()));
     if (original == nullptr) ThrowPython();
-    if (b.num_original_returns() == 1) {
+    if (b.boundary().returns().size() == 1) {
       args.push_back(original);
     } else {
       for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(original); ++i) args.push_back(PyTuple_GET_ITEM(original, i));
@@ -441,9 +401,8 @@ variable_list OpNode::apply(variable_list&& grads) {
   }
   PyObject* backward = owned.Add(b.Backward());
   if (backward == nullptr) ThrowPython();
-  PyObject* result = PyObject_Vectorcall(backward, args.data(), args.size(), nullptr);
+  PyObject* result = owned.Add(PyObject_Vectorcall(backward, args.data(), args.size(), nullptr));
   if (result == nullptr) ThrowPython();
-  owned.Add(result);
   if (!PyTuple_Check(result)) {
     result = owned.Add(PyTuple_Pack(1, result));
     if (result == nullptr) ThrowPython();
@@ -455,19 +414,19 @@ variable_list OpNode::apply(variable_list&& grads) {
   bool simple = static_cast<size_t>(PyTuple_GET_SIZE(result)) == nparams;
   for (size_t p = 0; simple && p < nparams; ++p) {
     PyObject* g = PyTuple_GET_ITEM(result, static_cast<Py_ssize_t>(p));
-    switch (b.param_kinds()[p]) {
-      case GradBridge::ParamKind::kTensor: per_leaf[static_cast<size_t>(b.param_slots()[p])] = g; break;
-      // Anything but None for these takes the general path, which builds
-      // the gradients of a struct or raises the error naming the field.
-      case GradBridge::ParamKind::kNoTensor:
-      case GradBridge::ParamKind::kStructWithTensors: simple = g == Py_None; break;
+    const int slot = b.param_slots()[p];
+    if (slot >= 0) {
+      per_leaf[static_cast<size_t>(slot)] = g;
+    } else {
+      // Anything but None for another parameter takes the general path,
+      // which builds the gradients of a struct or raises the error naming the field.
+      simple = g == Py_None;
     }
   }
   if (!simple) {
     PyObject* flatten = owned.Add(b.FlattenGrads());
-    PyObject* per_flat = PyObject_CallOneArg(flatten, result);
+    PyObject* per_flat = owned.Add(PyObject_CallOneArg(flatten, result));
     if (per_flat == nullptr) ThrowPython();
-    owned.Add(per_flat);
     PyObject* seq = owned.Add(PySequence_Fast(per_flat, "flatten_grads returns a sequence"));
     if (seq == nullptr) ThrowPython();
     for (size_t s = 0; s < leaves.size(); ++s) {
@@ -588,19 +547,11 @@ PyObject* CtxSavedTensors(PyObject* self, void*) {
     OpNode* node = ctx->node;
     TORCH_CHECK(node != nullptr && !node->has_freed_buffers(), torch::autograd::ERR_BACKWARD_TWICE);
     const auto& saved = node->saved();
-    PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(saved.size()));
-    if (out == nullptr) return nullptr;
     NodePtr self_ptr = SelfPtr(node);
-    for (size_t i = 0; i < saved.size(); ++i) {
+    return NewTuple(static_cast<Py_ssize_t>(saved.size()), [&](Py_ssize_t i) {
       Variable v = saved[i].unpack(self_ptr);
-      PyObject* item = v.defined() ? THPVariable_Wrap(std::move(v)) : Py_NewRef(Py_None);
-      if (item == nullptr) {
-        Py_DECREF(out);
-        return nullptr;
-      }
-      PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), item);
-    }
-    return out;
+      return v.defined() ? THPVariable_Wrap(std::move(v)) : Py_NewRef(Py_None);
+    });
   } catch (...) {
     torch::translate_exception_to_python(std::current_exception());
     return nullptr;
@@ -634,28 +585,11 @@ PyMethodDef kCtxMethods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 PyGetSetDef kCtxGetSet[] = {
-    {"saved_tensors", CtxSavedTensors, nullptr, "The tensors given to save_for_backward, version-checked.",
-     nullptr},
+    {"saved_tensors", CtxSavedTensors, nullptr, "The tensors given to save_for_backward, version-checked.", nullptr},
     {"needs_input_grad", CtxGetNeedsInputGrad, CtxSetNeedsInputGrad,
      "One bool per original parameter: whether any of its tensors requires grad.", nullptr},
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
-
-void InitCtxType() {
-  CtxType.tp_name = "opforge._C.AutogradContext";
-  CtxType.tp_basicsize = sizeof(CtxObject);
-  CtxType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
-  CtxType.tp_doc = "ctx of an opforge op's setup_context and backward.";
-  CtxType.tp_new = CtxNew;
-  CtxType.tp_dealloc = CtxDealloc;
-  CtxType.tp_traverse = CtxTraverse;
-  CtxType.tp_clear = CtxClear;
-  CtxType.tp_methods = kCtxMethods;
-  CtxType.tp_getset = kCtxGetSet;
-  CtxType.tp_dictoffset = offsetof(CtxObject, dict);
-  CtxType.tp_weaklistoffset = offsetof(CtxObject, weakrefs);
-  if (PyType_Ready(&CtxType) < 0) throw py::error_already_set();
-}
 
 // --- the forward --------------------------------------------------------------------
 
@@ -701,22 +635,13 @@ struct FlatOutputs {
   }
 };
 
-// The inputs of one call: the defined tensors of every tensor leaf, which
-// `leaf(s, add)` hands over one by one.
-template <class LeafValue>
-variable_list StartNode(OpNode& node, LeafValue leaf) {
-  variable_list inputs = node.CollectInputs(leaf);
-  node.set_next_edges(torch::autograd::collect_next_edges(inputs));
-  return inputs;
-}
-
 }  // namespace
 
 PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* args, PyObject* const* tensors) {
   try {
     Boundary& boundary = bridge.boundary();
     auto node = MakeNode<OpNode>(bridge.shared_from_this());
-    variable_list inputs = StartNode(*node, [&](size_t s, auto&& add) {
+    variable_list inputs = node->CollectInputs([&](size_t s, auto&& add) {
       PyObject* obj = tensors[s];
       if (obj == nullptr || obj == Py_None) {
         if (!bridge.leaves()[s].is_list) add(nullptr);
@@ -730,8 +655,7 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
       }
     });
     Owned owned;
-    PyObject* setup = bridge.SetupContext();
-    if (setup != nullptr) owned.Add(setup);
+    PyObject* setup = owned.Add(bridge.SetupContext());
     PyObject* out;
     {
       // As autograd.Function runs its forward: without grad, the body below autograd.
@@ -747,10 +671,9 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
       Py_DECREF(result);
       if (out == nullptr) return nullptr;
       if (setup != nullptr) {
-        const size_t n = boundary.num_params();
-        PyObject* original = owned.Add(PyTuple_New(static_cast<Py_ssize_t>(n)));
+        PyObject* original = owned.Add(
+            NewTuple(static_cast<Py_ssize_t>(boundary.num_params()), [&](Py_ssize_t i) { return Py_NewRef(args[i]); }));
         if (original == nullptr) return nullptr;
-        for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(original, static_cast<Py_ssize_t>(i), Py_NewRef(args[i]));
         PyObject* call_args[] = {node->Ctx(), original, out};
         PyObject* done = PyObject_Vectorcall(setup, call_args, 3, nullptr);
         if (done == nullptr) return nullptr;
@@ -784,13 +707,12 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
     for (size_t r = 0; r < nrets; ++r) {
       const int32_t count = node->return_count(r);
       if (bridge.returns()[r] == GradBridge::ReturnKind::kTensorList && flat[r] != Py_None) {
-        PyObject* list = owned.Add(PyList_New(count));
-        if (list == nullptr) return nullptr;
-        for (int32_t i = 0; i < count; ++i, ++e) {
-          PyObject* item = outputs.objects[e] ? outputs.objects[e] : PySequence_Fast_ITEMS(flat[r])[i];
-          PyList_SET_ITEM(list, i, Py_NewRef(item));
-        }
-        flat[r] = list;
+        PyObject** items = PySequence_Fast_ITEMS(flat[r]);
+        flat[r] = owned.Add(NewList(count, [&](Py_ssize_t i) {
+          PyObject* replaced = outputs.objects[e++];
+          return Py_NewRef(replaced ? replaced : items[i]);
+        }));
+        if (flat[r] == nullptr) return nullptr;
       } else {
         if (outputs.objects[e]) flat[r] = outputs.objects[e];
         ++e;
@@ -854,7 +776,7 @@ class AutogradKernel : public c10::OperatorKernel {
   void Record(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack, size_t base) {
     GradBridge& b = *bridge_;
     auto node = MakeNode<OpNode>(bridge_);
-    variable_list inputs = StartNode(*node, [&](size_t s, auto&& add) {
+    variable_list inputs = node->CollectInputs([&](size_t s, auto&& add) {
       const auto& leaf = b.leaves()[s];
       ForEachTensorIn((*stack)[base + leaf.flat_index], leaf.is_list, add);
     });
@@ -928,9 +850,8 @@ class AutogradKernel : public c10::OperatorKernel {
       flat[r] = owned.Add(boundary.PresentReturn(r, returns[r]));
       if (flat[r] == nullptr) ThrowPython();
     }
-    PyObject* output = nrets == 0 ? Py_NewRef(Py_None) : boundary.RebuildOutput(flat.data());
+    PyObject* output = owned.Add(nrets == 0 ? Py_NewRef(Py_None) : boundary.RebuildOutput(flat.data()));
     if (output == nullptr) ThrowPython();
-    owned.Add(output);
     torch::autograd::AutoGradMode no_grad(false);
     PyObject* call_args[] = {node.Ctx(), inputs, output};
     PyObject* done = PyObject_Vectorcall(setup, call_args, 3, nullptr);
@@ -949,7 +870,19 @@ GradBridge* AsGradBridge(PyObject* obj) {
 }
 
 void InitAutograd(py::module_& m) {
-  InitCtxType();
+  CtxType.tp_name = "opforge._C.AutogradContext";
+  CtxType.tp_basicsize = sizeof(CtxObject);
+  CtxType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+  CtxType.tp_doc = "ctx of an opforge op's setup_context and backward.";
+  CtxType.tp_new = CtxNew;
+  CtxType.tp_dealloc = CtxDealloc;
+  CtxType.tp_traverse = CtxTraverse;
+  CtxType.tp_clear = CtxClear;
+  CtxType.tp_methods = kCtxMethods;
+  CtxType.tp_getset = kCtxGetSet;
+  CtxType.tp_dictoffset = offsetof(CtxObject, dict);
+  CtxType.tp_weaklistoffset = offsetof(CtxObject, weakrefs);
+  if (PyType_Ready(&CtxType) < 0) throw py::error_already_set();
   Py_INCREF(&CtxType);
   m.add_object("AutogradContext", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&CtxType)));
   py::class_<GradBridge, std::shared_ptr<GradBridge>>(m, "AutogradBridge")

@@ -2,29 +2,8 @@
 // its rule (leaf_rule.h).
 #include "python/boundary.h"
 
-#include <ATen/core/LegacyTypeDispatch.h>
-#include <ATen/record_function.h>
-#include <ATen/PythonTorchFunctionTLS.h>
-#include <c10/core/GradMode.h>
-#include <c10/core/InferenceMode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
-#include <c10/util/SmallVector.h>
-#include <torch/csrc/Device.h>
-#include <torch/csrc/Exceptions.h>
-#include <torch/csrc/Dtype.h>
-#include <torch/csrc/DynamicTypes.h>
-#include <torch/csrc/Generator.h>
-#include <torch/csrc/Layout.h>
-#include <torch/csrc/MemoryFormat.h>
 #include <torch/csrc/autograd/python_variable.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
-#include <torch/csrc/jit/python/pybind_utils.h>
-#include <torch/csrc/utils/tensor_memoryformats.h>
-
-#include <cstring>
-#include <functional>
 
 namespace py = pybind11;
 
@@ -88,21 +67,48 @@ bool Cacheable(const Node& node) {
     case Node::Kind::kEnum:
     case Node::Kind::kLiteral: return !node.is_list;
     case Node::Kind::kHandle: return false;
-    case Node::Kind::kStruct:
-      for (const auto& child : node.children) {
-        if (!Cacheable(child)) return false;
-      }
-      return true;
+    case Node::Kind::kStruct: return std::all_of(node.children.begin(), node.children.end(), Cacheable);
   }
   return false;
 }
 
 bool HasTensorSlots(const Node& node) {
-  if (node.kind == Node::Kind::kLeaf) return node.tensor_slot >= 0;
-  for (const auto& child : node.children) {
-    if (HasTensorSlots(child)) return true;
+  return node.tensor_slot >= 0 || std::any_of(node.children.begin(), node.children.end(), HasTensorSlots);
+}
+
+// An interned str: names the calls compare by identity first.
+py::object Interned(const std::string& text) {
+  PyObject* s = PyUnicode_InternFromString(text.c_str());
+  if (s == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(s);
+}
+
+// A vectorcall's kwnames: a tuple of `names`, or null when there are none.
+py::object Kwnames(const std::vector<std::string>& names) {
+  if (names.empty()) return py::object();
+  return py::tuple(py::cast(names));
+}
+
+// A struct node's instance, each field by keyword from `field(child)`: a new
+// reference, or null with an error set.
+template <class Field>
+PyObject* Construct(const Node& node, Field&& field) {
+  Owned fields;
+  fields.items.reserve(node.children.size());
+  for (const Node& child : node.children) {
+    if (fields.Add(field(child)) == nullptr) return nullptr;
   }
-  return false;
+  return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
+}
+
+// An absent optional struct's leaves: its presence leaves False, every other leaf None.
+void FlattenAbsent(const Node& node, PyObject** leaves) {
+  if (node.kind != Node::Kind::kStruct) {
+    leaves[node.leaf_index] = Py_None;
+    return;
+  }
+  if (node.optional) leaves[node.presence_index] = Py_False;
+  for (const Node& child : node.children) FlattenAbsent(child, leaves);
 }
 
 }  // namespace
@@ -123,9 +129,9 @@ StructCache::~StructCache() {
 
 // --- the plan --------------------------------------------------------------
 
-Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& definable_schema,
-                   py::list params, py::object empty, py::dict classes, py::dict enum_values,
-                   py::dict handle_classes, py::object handle_check, bool duck_structs)
+Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& definable_schema, py::list params,
+                   py::object empty, py::dict classes, py::dict enum_values, py::dict handle_classes,
+                   py::object handle_check, bool duck_structs)
     : op_(std::move(op)),
       handle_check_(std::move(handle_check)),
       duck_structs_(duck_structs),
@@ -134,32 +140,24 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
     throw std::invalid_argument(op_ + ": the parameter list does not match the lowered spec");
   }
   std::vector<std::string> kw_names;
-  for (size_t i = 0; i < params.size(); ++i) {
-    py::tuple p = params[i].cast<py::tuple>();
-    py::str name = p[0].cast<py::str>();
-    PyObject* raw = name.release().ptr();
-    PyUnicode_InternInPlace(&raw);
-    names_.push_back(py::reinterpret_steal<py::object>(raw));
-    const bool kw = p[1].cast<bool>();
-    if (kw) {
-      kw_names.push_back(p[0].cast<std::string>());
+  for (py::handle item : params) {
+    py::tuple p = item.cast<py::tuple>();
+    const std::string name = p[0].cast<std::string>();
+    names_.push_back(Interned(name));
+    if (p[1].cast<bool>()) {
+      kw_names.push_back(name);
+    } else if (!kw_names.empty()) {
+      throw std::invalid_argument(op_ + ": positional parameter after keyword-only");
     } else {
-      if (!kw_names.empty()) throw std::invalid_argument(op_ + ": positional parameter after keyword-only");
       ++num_positional_;
     }
     py::object def = p[2];
     defaults_.push_back(def.is(empty) ? py::object() : def);
   }
-  if (!kw_names.empty()) {
-    py::tuple t(kw_names.size());
-    for (size_t i = 0; i < kw_names.size(); ++i) t[i] = py::str(kw_names[i]);
-    body_kwnames_ = t;
-  }
-  std::vector<int> slot_of_leaf(lowered.flat.arguments.size(), -1);
-  for (size_t i = 0; i < lowered.params.size(); ++i) {
-    const Location where{"parameter '" + lowered.params[i].name + "'", {}};
-    params_.push_back(BuildParam(lowered.params[i], lowered, flat_, where, classes, enum_values,
-                                 handle_classes, /*top=*/true));
+  body_kwnames_ = Kwnames(kw_names);
+  for (const MappingNode& param : lowered.params) {
+    const Location where{"parameter '" + param.name + "'", {}};
+    params_.push_back(BuildParam(param, lowered, flat_, where, classes, enum_values, handle_classes, /*top=*/true));
   }
   // Tensor slots were numbered in flat order; find the mutated ones.
   int slot = 0;
@@ -169,9 +167,7 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
       ++slot;
     }
   }
-  if (static_cast<size_t>(slot) != num_tensor_slots_) {
-    throw std::invalid_argument(op_ + ": tensor leaves out of order");
-  }
+  if (static_cast<size_t>(slot) != num_tensor_slots_) throw std::invalid_argument(op_ + ": tensor leaves out of order");
   for (size_t i = 0; i < lowered.returns.size(); ++i) {
     const Location where{lowered.returns.size() == 1 ? "return value" : "return value " + std::to_string(i), {}};
     returns_.push_back(BuildReturn(lowered.returns[i], flat_, where, classes));
@@ -186,24 +182,18 @@ Boundary::Boundary(std::string op, const LoweredOp& lowered, const std::string& 
       ++num_flat_positional_;
     }
   }
-  if (!flat_kw.empty()) {
-    py::tuple t(flat_kw.size());
-    for (size_t i = 0; i < flat_kw.size(); ++i) t[i] = py::str(flat_kw[i]);
-    flat_kwnames_ = t;
-  }
+  flat_kwnames_ = Kwnames(flat_kw);
   for (const auto& ret : flat_.returns()) return_rules_.push_back(MakeRule(ret.real_type(), std::nullopt));
 }
 
-Boundary::~Boundary() = default;
-
-PyObject* Boundary::PresentArgument(size_t index, const c10::IValue& value) const {
-  PyObject* out = Present(argument_rules_.at(index), value);
-  if (out == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, (op_ + ": a value out of range").c_str());
-  return out;
+PyObject* Boundary::CallHandles(PyObject* fn, const Node& node, PyObject* value) const {
+  py::str at(op_ + ": " + node.where.Text());
+  PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
+  return PyObject_Vectorcall(fn, call_args, 3, nullptr);
 }
 
-PyObject* Boundary::PresentReturn(size_t index, const c10::IValue& value) const {
-  PyObject* out = Present(return_rules_.at(index), value);
+PyObject* Boundary::PresentLeaf(const LeafRule& rule, const c10::IValue& value) const {
+  PyObject* out = Present(rule, value);
   if (out == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, (op_ + ": a value out of range").c_str());
   return out;
 }
@@ -220,9 +210,7 @@ void FillStruct(Node& node, const MappingNode& m, py::dict classes, BuildChild b
   py::tuple kwnames(m.children.size());
   for (size_t i = 0; i < m.children.size(); ++i) {
     const MappingNode& child = m.children[i];
-    PyObject* raw = PyUnicode_FromString(child.name.c_str());
-    PyUnicode_InternInPlace(&raw);
-    node.field_names.push_back(py::reinterpret_steal<py::object>(raw));
+    node.field_names.push_back(Interned(child.name));
     kwnames[i] = node.field_names.back();
     node.children.push_back(build_child(child, node.where.Field(node.qual, child.name)));
   }
@@ -232,9 +220,9 @@ void FillStruct(Node& node, const MappingNode& m, py::dict classes, BuildChild b
 
 }  // namespace
 
-Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
-                          const c10::FunctionSchema& flat, const Location& where,
-                          py::dict classes, py::dict enum_values, py::dict handle_classes, bool top) {
+Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered, const c10::FunctionSchema& flat,
+                          const Location& where, py::dict classes, py::dict enum_values, py::dict handle_classes,
+                          bool top) {
   Node node;
   node.where = where;
   node.leaf_index = m.leaf_index;
@@ -262,18 +250,14 @@ Node Boundary::BuildParam(const MappingNode& m, const LoweredOp& lowered,
       node.qual = Qualname(node.cls.ptr());
       // Errors list the members in declaration order: "Mode.A, Mode.B".
       for (py::handle member : node.cls) {
-        node.allowed_repr += (node.allowed_repr.empty() ? "" : ", ") + node.qual + "." +
-                             py::cast<std::string>(member.attr("name"));
+        node.allowed_repr +=
+            (node.allowed_repr.empty() ? "" : ", ") + node.qual + "." + py::cast<std::string>(member.attr("name"));
       }
     } else if (!info.allowed.empty()) {
       node.kind = Node::Kind::kLiteral;
       py::list values;
       for (const auto& v : info.allowed) {
-        if (v.kind == Value::Kind::kString) {
-          values.append(py::str(v.s));
-        } else {
-          values.append(py::int_(v.i));
-        }
+        values.append(v.kind == Value::Kind::kString ? py::object(py::str(v.s)) : py::int_(v.i));
       }
       node.allowed = py::reinterpret_steal<py::object>(PyFrozenSet_New(values.ptr()));
       if (!node.allowed) throw py::error_already_set();
@@ -316,14 +300,11 @@ Node Boundary::BuildReturn(const MappingNode& m, const c10::FunctionSchema& flat
 bool Boundary::Flatten(PyObject* const* converted, std::vector<c10::IValue>& stack) {
   const size_t n = flat_.arguments().size();
   c10::SmallVector<PyObject*, 16> leaves(n, nullptr);
-  std::vector<PyObject*> owned;
-  const bool ok = FlattenLeaves(converted, leaves.data(), owned);
-  if (ok) {
-    stack.resize(n);
-    for (size_t i = 0; i < n; ++i) stack[i] = LeafIValue(argument_rules_[i], flat_.arguments()[i], leaves[i]);
-  }
-  for (PyObject* p : owned) Py_DECREF(p);
-  return ok;
+  Owned owned;
+  if (!FlattenLeaves(converted, leaves.data(), owned)) return false;
+  stack.resize(n);
+  for (size_t i = 0; i < n; ++i) stack[i] = LeafIValue(argument_rules_[i], flat_.arguments()[i], leaves[i]);
+  return true;
 }
 
 // --- binding and conversion --------------------------------------------------
@@ -337,22 +318,13 @@ bool Boundary::Bind(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, 
     const Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t j = 0; j < nk; ++j) {
       PyObject* key = PyTuple_GET_ITEM(kwnames, j);
-      size_t index = n;
-      for (size_t i = 0; i < n; ++i) {
-        if (names_[i].ptr() == key) {
-          index = i;
-          break;
-        }
-      }
-      if (index == n) {
-        for (size_t i = 0; i < n; ++i) {
-          const int eq = PyUnicode_Compare(names_[i].ptr(), key);
-          if (eq == 0) {
-            index = i;
-            break;
-          }
-          if (eq == -1 && PyErr_Occurred()) PyErr_Clear();
-        }
+      // By identity (interned names), then by value.
+      size_t index = 0;
+      while (index < n && names_[index].ptr() != key) ++index;
+      for (size_t i = 0; index == n && i < n; ++i) {
+        const int eq = PyUnicode_Compare(names_[i].ptr(), key);
+        if (eq == 0) index = i;
+        if (eq == -1 && PyErr_Occurred()) PyErr_Clear();
       }
       if (index == n || out[index] != nullptr) return false;
       out[index] = args[nargs + j];
@@ -367,8 +339,7 @@ bool Boundary::Bind(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, 
   return true;
 }
 
-bool Boundary::ConvertAll(PyObject* const* values, PyObject** out, PyObject** tensors,
-                          std::vector<PyObject*>& keep) {
+bool Boundary::ConvertAll(PyObject* const* values, PyObject** out, PyObject** tensors, Owned& keep) {
   for (size_t i = 0; i < params_.size(); ++i) {
     out[i] = Convert(params_[i], values[i], tensors, keep, Context::kArgument);
     if (out[i] == nullptr) {
@@ -379,54 +350,30 @@ bool Boundary::ConvertAll(PyObject* const* values, PyObject** out, PyObject** te
   return true;
 }
 
-PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep,
-                            Context ctx) {
-  switch (node.kind) {
-    case Node::Kind::kLeaf: {
-      PyObject* out = ConvertLeaf(node.rule, obj);
-      if (out == nullptr) return FailExpected(op_, node.where, ctx, node.rule.expected, node.optional, obj);
-      if (node.tensor_slot >= 0 && tensors != nullptr) tensors[node.tensor_slot] = out;
-      return out;
-    }
-    case Node::Kind::kEnum:
-    case Node::Kind::kLiteral: {
-      if (obj == Py_None) {
-        if (node.optional) return Py_NewRef(Py_None);
-        return FailExpected(op_, node.where, ctx,
-                            node.kind == Node::Kind::kEnum ? "a member of " + node.qual : node.rule.expected, false,
-                            obj);
-      }
-      if (!node.is_list) return ConvertChoice(node, obj, ctx);
-      if (!PyList_Check(obj) && !PyTuple_Check(obj)) {
-        return FailExpected(op_, node.where, ctx, "a list", node.optional, obj);
-      }
-      const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-      PyObject* out = PyList_New(n);
-      if (out == nullptr) return nullptr;
-      for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* item = ConvertChoice(node, PySequence_Fast_ITEMS(obj)[i], ctx);
-        if (item == nullptr) {
-          Py_DECREF(out);
-          return nullptr;
-        }
-        PyList_SET_ITEM(out, i, item);
-      }
-      return out;
-    }
-    case Node::Kind::kHandle: {
-      if (obj == Py_None) {
-        if (node.optional) return Py_NewRef(Py_None);
-        return FailExpected(op_, node.where, ctx, "a " + Qualname(node.cls.ptr()) + " object", false, obj);
-      }
-      const std::string at = op_ + ": " + node.where.Text();
-      py::str where_text(at);
-      PyObject* call_args[] = {obj, node.cls.ptr(), where_text.ptr()};
-      return PyObject_Vectorcall(handle_check_.ptr(), call_args, 3, nullptr);
-    }
-    case Node::Kind::kStruct:
-      return ConvertStruct(node, obj, tensors, keep, ctx);
+PyObject* Boundary::Convert(Node& node, PyObject* obj, PyObject** tensors, Owned& keep, Context ctx) {
+  if (node.kind == Node::Kind::kLeaf) {
+    PyObject* out = ConvertLeaf(node.rule, obj);
+    if (out == nullptr) return FailExpected(op_, node.where, ctx, node.rule.expected, node.optional, obj);
+    if (node.tensor_slot >= 0 && tensors != nullptr) tensors[node.tensor_slot] = out;
+    return out;
   }
-  return nullptr;
+  if (obj == Py_None) {
+    if (node.optional) return Py_NewRef(Py_None);
+    const std::string expected = node.kind == Node::Kind::kEnum      ? "a member of " + node.qual
+                                 : node.kind == Node::Kind::kLiteral ? node.rule.expected
+                                 : node.kind == Node::Kind::kHandle  ? "a " + Qualname(node.cls.ptr()) + " object"
+                                                                     : "a " + node.qual;
+    return FailExpected(op_, node.where, ctx, expected, false, obj);
+  }
+  if (node.kind == Node::Kind::kStruct) return ConvertStruct(node, obj, tensors, keep, ctx);
+  if (node.kind == Node::Kind::kHandle) return CallHandles(handle_check_.ptr(), node, obj);
+  // kEnum, kLiteral: one value, or a list of them.
+  if (!node.is_list) return ConvertChoice(node, obj, ctx);
+  if (!PyList_Check(obj) && !PyTuple_Check(obj)) {
+    return FailExpected(op_, node.where, ctx, "a list", node.optional, obj);
+  }
+  PyObject** items = PySequence_Fast_ITEMS(obj);
+  return NewList(PySequence_Fast_GET_SIZE(obj), [&](Py_ssize_t i) { return ConvertChoice(node, items[i], ctx); });
 }
 
 PyObject* Boundary::ConvertChoice(const Node& node, PyObject* item, Context ctx) {
@@ -453,21 +400,14 @@ PyObject* Boundary::ConvertChoice(const Node& node, PyObject* item, Context ctx)
               ctx == Context::kDefault ? "Change the default." : "Pass one of them.");
 }
 
-PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep,
-                                  Context ctx) {
+PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors, Owned& keep, Context ctx) {
   const std::string& qual = node.qual;
-  if (obj == Py_None) {
-    if (node.optional) return Py_NewRef(Py_None);
-    return FailExpected(op_, node.where, ctx, "a " + qual, false, obj);
-  }
   if (node.cache && node.cache->Contains(obj)) return Py_NewRef(obj);
   const bool exact = Py_TYPE(obj) == reinterpret_cast<PyTypeObject*>(node.cls.ptr());
   if (!exact) {
     const int is = PyObject_IsInstance(obj, node.cls.ptr());
     if (is < 0) return nullptr;
-    if (is == 0 && !duck_structs_) {
-      return FailExpected(op_, node.where, ctx, "a " + qual + " instance", false, obj);
-    }
+    if (is == 0 && !duck_structs_) return FailExpected(op_, node.where, ctx, "a " + qual + " instance", false, obj);
   }
   const size_t n = node.children.size();
   Owned fields;
@@ -486,33 +426,20 @@ PyObject* Boundary::ConvertStruct(Node& node, PyObject* obj, PyObject** tensors,
                   Fix(ctx, "a " + qual));
     }
     PyObject* converted = Convert(node.children[i], value, tensors, keep, ctx);
-    if (converted == nullptr) {
-      Py_DECREF(value);
-      return nullptr;
-    }
-    changed = changed || converted != value;
     Py_DECREF(value);
+    if (converted == nullptr) return nullptr;
+    changed = changed || converted != value;
     fields.items.push_back(converted);
   }
-  if (!changed) {
-    // The fields stay where they are; tensor slots may point at them.
-    if (node.has_tensor_slots) {
-      for (PyObject*& f : fields.items) {
-        keep.push_back(f);
-        f = nullptr;
-      }
-    }
-    if (node.cache) node.cache->Add(obj);
-    return Py_NewRef(obj);
+  PyObject* out =
+      changed ? PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr()) : Py_NewRef(obj);
+  if (!changed && node.cache) node.cache->Add(obj);
+  if (out != nullptr && node.has_tensor_slots) {
+    // Tensor slots point at the converted fields: they live as long as the call.
+    keep.items.append(fields.items.begin(), fields.items.end());
+    fields.items.clear();
   }
-  PyObject* rebuilt = PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
-  if (rebuilt != nullptr && node.has_tensor_slots) {
-    for (PyObject*& f : fields.items) {
-      keep.push_back(f);
-      f = nullptr;
-    }
-  }
-  return rebuilt;
+  return out;
 }
 
 PyObject* Boundary::ConvertReturnNode(Node& node, PyObject* obj) {
@@ -562,26 +489,13 @@ PyObject* Boundary::CheckReturn(PyObject* value) {
                     std::to_string(got) + ".",
                 "Return a tuple of " + std::to_string(n) + " values.");
   }
-  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(n));
-  if (out == nullptr) return nullptr;
-  for (size_t i = 0; i < n; ++i) {
-    PyObject* item = ConvertReturnNode(returns_[i], PySequence_Fast_ITEMS(value)[i]);
-    if (item == nullptr) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), item);
-  }
-  return out;
+  PyObject** items = PySequence_Fast_ITEMS(value);
+  return NewTuple(got, [&](Py_ssize_t i) { return ConvertReturnNode(returns_[i], items[i]); });
 }
 
 // --- the dispatcher path -----------------------------------------------------
 
-bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, std::vector<PyObject*>& owned) {
-  auto keep = [&](PyObject* obj) {
-    if (obj != nullptr) owned.push_back(obj);
-    return obj;
-  };
+bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, Owned& owned) {
   switch (node.kind) {
     case Node::Kind::kLeaf:
     case Node::Kind::kLiteral:
@@ -594,17 +508,11 @@ bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** lea
         leaves[node.leaf_index] = value;
         return true;
       }
-      if (!node.is_list) return (leaves[node.leaf_index] = keep(PyObject_GetAttr(value, kValue))) != nullptr;
-      const Py_ssize_t n = PySequence_Fast_GET_SIZE(value);
-      PyObject* list = keep(PyList_New(n));
-      if (list == nullptr) return false;
-      for (Py_ssize_t i = 0; i < n; ++i) {
-        PyObject* raw = PyObject_GetAttr(PySequence_Fast_ITEMS(value)[i], kValue);
-        if (raw == nullptr) return false;
-        PyList_SET_ITEM(list, i, raw);
-      }
-      leaves[node.leaf_index] = list;
-      return true;
+      if (!node.is_list) return (leaves[node.leaf_index] = owned.Add(PyObject_GetAttr(value, kValue))) != nullptr;
+      PyObject** items = PySequence_Fast_ITEMS(value);
+      leaves[node.leaf_index] = owned.Add(
+          NewList(PySequence_Fast_GET_SIZE(value), [&](Py_ssize_t i) { return PyObject_GetAttr(items[i], kValue); }));
+      return leaves[node.leaf_index] != nullptr;
     }
     case Node::Kind::kHandle: {
       if (value == Py_None) {
@@ -612,28 +520,16 @@ bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** lea
         return true;
       }
       if (!handle_for_) handle_for_ = py::module_::import("opforge.handles").attr("handle_for");
-      py::str at(op_ + ": " + node.where.Text());
-      PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
-      return (leaves[node.leaf_index] = keep(PyObject_Vectorcall(handle_for_.ptr(), call_args, 3, nullptr))) !=
-             nullptr;
+      return (leaves[node.leaf_index] = owned.Add(CallHandles(handle_for_.ptr(), node, value))) != nullptr;
     }
     case Node::Kind::kStruct: {
       if (value == Py_None) {
-        // An absent optional struct: its presence leaves False, every other leaf None.
-        std::function<void(const Node&)> absent = [&](const Node& n) {
-          if (n.kind != Node::Kind::kStruct) {
-            leaves[n.leaf_index] = Py_None;
-            return;
-          }
-          if (n.optional) leaves[n.presence_index] = Py_False;
-          for (const Node& child : n.children) absent(child);
-        };
-        absent(node);
+        FlattenAbsent(node, leaves);
         return true;
       }
       if (node.optional) leaves[node.presence_index] = Py_True;
       for (size_t i = 0; i < node.children.size(); ++i) {
-        PyObject* field = keep(PyObject_GetAttr(value, node.field_names[i].ptr()));
+        PyObject* field = owned.Add(PyObject_GetAttr(value, node.field_names[i].ptr()));
         if (field == nullptr || !FlattenArgument(node.children[i], field, leaves, owned)) return false;
       }
       return true;
@@ -644,16 +540,10 @@ bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** lea
 
 PyObject* Boundary::RebuildReturn(const Node& node, PyObject* const* flat) {
   if (node.kind != Node::Kind::kStruct) return Py_NewRef(flat[node.leaf_index]);
-  Owned fields;
-  for (const Node& child : node.children) {
-    PyObject* value = RebuildReturn(child, flat);
-    if (value == nullptr) return nullptr;
-    fields.items.push_back(value);
-  }
-  return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
+  return Construct(node, [&](const Node& child) { return RebuildReturn(child, flat); });
 }
 
-bool Boundary::FlattenLeaves(PyObject* const* converted, PyObject** leaves, std::vector<PyObject*>& owned) {
+bool Boundary::FlattenLeaves(PyObject* const* converted, PyObject** leaves, Owned& owned) {
   for (size_t p = 0; p < params_.size(); ++p) {
     if (!FlattenArgument(params_[p], converted[p], leaves, owned)) return false;
   }
@@ -663,29 +553,18 @@ bool Boundary::FlattenLeaves(PyObject* const* converted, PyObject** leaves, std:
 PyObject* Boundary::Dispatch(PyObject* overload, PyObject* const* converted) {
   const size_t n = flat_.arguments().size();
   c10::SmallVector<PyObject*, 16> leaves(n, nullptr);
-  std::vector<PyObject*> owned;
-  struct Release {
-    std::vector<PyObject*>& items;
-    ~Release() {
-      for (PyObject* p : items) Py_DECREF(p);
-    }
-  } release{owned};
+  Owned owned;
   if (!FlattenLeaves(converted, leaves.data(), owned)) return nullptr;
   PyObject* out = PyObject_Vectorcall(overload, leaves.data(), num_flat_positional_, flat_kwnames_.ptr());
   if (out == nullptr || leaf_returns_) return out;
-  owned.push_back(out);
+  owned.Add(out);
   return RebuildOutput(flat_.returns().size() == 1 ? &out : PySequence_Fast_ITEMS(out));
 }
 
 PyObject* Boundary::RebuildOutput(PyObject* const* flat) {
   if (returns_.size() == 1) return RebuildReturn(returns_[0], flat);
-  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(returns_.size()));
-  for (size_t r = 0; tuple != nullptr && r < returns_.size(); ++r) {
-    PyObject* value = RebuildReturn(returns_[r], flat);
-    if (value == nullptr) Py_CLEAR(tuple);
-    if (tuple != nullptr) PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(r), value);
-  }
-  return tuple;
+  return NewTuple(static_cast<Py_ssize_t>(returns_.size()),
+                  [&](Py_ssize_t r) { return RebuildReturn(returns_[r], flat); });
 }
 
 bool Boundary::FlattenReturn(const Node& node, PyObject* value, PyObject** flat) {
@@ -693,12 +572,10 @@ bool Boundary::FlattenReturn(const Node& node, PyObject* value, PyObject** flat)
     Py_XSETREF(flat[node.leaf_index], Py_NewRef(value));
     return true;
   }
+  Owned fields;
   for (size_t i = 0; i < node.children.size(); ++i) {
-    PyObject* field = PyObject_GetAttr(value, node.field_names[i].ptr());
-    if (field == nullptr) return false;
-    const bool ok = FlattenReturn(node.children[i], field, flat);
-    Py_DECREF(field);
-    if (!ok) return false;
+    PyObject* field = fields.Add(PyObject_GetAttr(value, node.field_names[i].ptr()));
+    if (field == nullptr || !FlattenReturn(node.children[i], field, flat)) return false;
   }
   return true;
 }
@@ -715,7 +592,7 @@ bool Boundary::FlattenOutput(PyObject* output, PyObject** flat) {
 
 PyObject* Boundary::Leaf(c10::ArrayRef<c10::IValue> args, size_t index, Owned& owned) {
   const c10::IValue& v = args[index];
-  PyObject* out = v.isTensor() ? THPVariable_Wrap(v.toTensor()) : PresentArgument(index, v);
+  PyObject* out = v.isTensor() ? THPVariable_Wrap(v.toTensor()) : PresentLeaf(argument_rules_.at(index), v);
   if (out != nullptr) owned.Add(out);
   return out;
 }
@@ -723,12 +600,16 @@ PyObject* Boundary::Leaf(c10::ArrayRef<c10::IValue> args, size_t index, Owned& o
 PyObject* Boundary::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, Owned& owned) {
   switch (node.kind) {
     case Node::Kind::kLeaf:
-    case Node::Kind::kLiteral:
-      return Py_XNewRef(Leaf(args, static_cast<size_t>(node.leaf_index), owned));
-    case Node::Kind::kEnum: {
+    case Node::Kind::kLiteral: return Py_XNewRef(Leaf(args, static_cast<size_t>(node.leaf_index), owned));
+    case Node::Kind::kEnum:
+    case Node::Kind::kHandle: {
       PyObject* value = Leaf(args, static_cast<size_t>(node.leaf_index), owned);
       if (value == nullptr) return nullptr;
       if (value == Py_None) return Py_NewRef(Py_None);
+      if (node.kind == Node::Kind::kHandle) {
+        if (!resolve_) resolve_ = py::module_::import("opforge.handles").attr("resolve");
+        return CallHandles(resolve_.ptr(), node, value);
+      }
       auto member = [&](PyObject* raw) -> PyObject* {
         PyObject* m = PyDict_GetItemWithError(node.by_value.ptr(), raw);
         if (m == nullptr && !PyErr_Occurred()) {
@@ -738,37 +619,11 @@ PyObject* Boundary::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, O
         return Py_XNewRef(m);
       };
       if (!node.is_list) return member(value);
-      const Py_ssize_t n = PyList_GET_SIZE(value);
-      PyObject* out = PyList_New(n);
-      for (Py_ssize_t i = 0; out != nullptr && i < n; ++i) {
-        PyObject* m = member(PyList_GET_ITEM(value, i));
-        if (m == nullptr) {
-          Py_CLEAR(out);
-        } else {
-          PyList_SET_ITEM(out, i, m);
-        }
-      }
-      return out;
-    }
-    case Node::Kind::kHandle: {
-      PyObject* value = Leaf(args, static_cast<size_t>(node.leaf_index), owned);
-      if (value == nullptr) return nullptr;
-      if (value == Py_None) return Py_NewRef(Py_None);
-      if (!resolve_) resolve_ = py::module_::import("opforge.handles").attr("resolve");
-      py::str at(op_ + ": " + node.where.Text());
-      PyObject* call_args[] = {value, node.cls.ptr(), at.ptr()};
-      return PyObject_Vectorcall(resolve_.ptr(), call_args, 3, nullptr);
+      return NewList(PyList_GET_SIZE(value), [&](Py_ssize_t i) { return member(PyList_GET_ITEM(value, i)); });
     }
     case Node::Kind::kStruct: {
       if (node.optional && !args[static_cast<size_t>(node.presence_index)].toBool()) return Py_NewRef(Py_None);
-      Owned fields;
-      fields.items.reserve(node.children.size());
-      for (const Node& child : node.children) {
-        PyObject* value = Rebuild(child, args, owned);
-        if (value == nullptr) return nullptr;
-        fields.Add(value);
-      }
-      return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
+      return Construct(node, [&](const Node& child) { return Rebuild(child, args, owned); });
     }
   }
   return nullptr;
@@ -776,13 +631,8 @@ PyObject* Boundary::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, O
 
 PyObject* Boundary::RebuildArgs(c10::ArrayRef<c10::IValue> args) {
   Owned owned;
-  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(params_.size()));
-  for (size_t p = 0; out != nullptr && p < params_.size(); ++p) {
-    PyObject* value = Rebuild(params_[p], args, owned);
-    if (value == nullptr) Py_CLEAR(out);
-    if (out != nullptr) PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(p), value);
-  }
-  return out;
+  return NewTuple(static_cast<Py_ssize_t>(params_.size()),
+                  [&](Py_ssize_t p) { return Rebuild(params_[p], args, owned); });
 }
 
 // --- Python-facing helpers ---------------------------------------------------
@@ -797,16 +647,13 @@ py::tuple Boundary::ConvertCall(py::args args, py::kwargs kwargs) {
     kwnames[k++] = item.first;
     flat_args.push_back(item.second.ptr());
   }
-  std::vector<PyObject*> values(n), out(n);
+  std::vector<PyObject*> values(n), out(n), tensors(num_tensor_slots_, nullptr);
   if (!Bind(flat_args.data(), static_cast<Py_ssize_t>(args.size()), kwargs.size() ? kwnames.ptr() : nullptr,
             values.data())) {
     throw py::type_error(op_ + ": the arguments do not match the op's parameters.");
   }
-  std::vector<PyObject*> tensors(num_tensor_slots_, nullptr);
-  std::vector<PyObject*> keep;
-  const bool ok = ConvertAll(values.data(), out.data(), tensors.data(), keep);
-  for (PyObject* p : keep) Py_DECREF(p);
-  if (!ok) throw py::error_already_set();
+  Owned keep;
+  if (!ConvertAll(values.data(), out.data(), tensors.data(), keep)) throw py::error_already_set();
   py::tuple result(n);
   for (size_t i = 0; i < n; ++i) PyTuple_SET_ITEM(result.ptr(), static_cast<Py_ssize_t>(i), out[i]);
   return result;
@@ -830,11 +677,9 @@ py::list Boundary::FlatDefaults() {
 void Boundary::CheckDefaults() {
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!defaults_[i]) continue;
-    std::vector<PyObject*> keep;
-    PyObject* out = Convert(params_[i], defaults_[i].ptr(), nullptr, keep, Context::kDefault);
-    for (PyObject* p : keep) Py_DECREF(p);
+    Owned keep;
+    PyObject* out = keep.Add(Convert(params_[i], defaults_[i].ptr(), nullptr, keep, Context::kDefault));
     if (out == nullptr) throw py::error_already_set();
-    Py_DECREF(out);
   }
 }
 
@@ -860,11 +705,9 @@ void InitBoundary(py::module_& m) {
            py::arg("value"), "The body's return value checked and converted against the schema's returns.")
       .def("flat_defaults", &Boundary::FlatDefaults,
            "Per flat argument: None, or a 1-tuple with the default a Python kernel receives for it.")
-      .def("check_defaults", &Boundary::CheckDefaults,
-           "Raises if a parameter's default does not convert to its type.")
+      .def("check_defaults", &Boundary::CheckDefaults, "Raises if a parameter's default does not convert to its type.")
       .def_property_readonly("num_tensor_slots", &Boundary::num_tensor_slots)
       .def_property_readonly("mutated_slots", &Boundary::mutated_slots);
-
 }
 
 }  // namespace opforge

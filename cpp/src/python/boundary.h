@@ -20,9 +20,9 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <array>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,12 +49,7 @@ struct Owned {
 struct StructCache {
   std::array<PyObject*, 8> items{};
   size_t next = 0;
-  bool Contains(PyObject* obj) const {
-    for (PyObject* item : items) {
-      if (item == obj) return true;
-    }
-    return false;
-  }
+  bool Contains(PyObject* obj) const { return std::find(items.begin(), items.end(), obj) != items.end(); }
   void Add(PyObject* obj);
   ~StructCache();
 };
@@ -98,11 +93,9 @@ class Boundary {
   // Builds the plan. `params`: [(name, kw_only, default or `empty`)];
   // `classes`: registered struct/enum name -> Python class; `enum_values`:
   // enum name -> {raw value: member}; `handle_classes`: handle type -> class.
-  Boundary(std::string op, const LoweredOp& lowered, const std::string& definable_schema,
-           pybind11::list params, pybind11::object empty, pybind11::dict classes,
-           pybind11::dict enum_values, pybind11::dict handle_classes,
+  Boundary(std::string op, const LoweredOp& lowered, const std::string& definable_schema, pybind11::list params,
+           pybind11::object empty, pybind11::dict classes, pybind11::dict enum_values, pybind11::dict handle_classes,
            pybind11::object handle_check, bool duck_structs);
-  ~Boundary();
 
   const std::string& op() const { return op_; }
   size_t num_params() const { return params_.size(); }
@@ -116,10 +109,10 @@ class Boundary {
   bool Bind(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out) const;
 
   // Converts bound values in place into new references (`out`), noting the
-  // tensor leaves (borrowed from `out`'s objects) in `tensors`. Sets a Python
-  // error and returns false on bad input; `out` then holds nothing.
-  bool ConvertAll(PyObject* const* values, PyObject** out, PyObject** tensors,
-                  std::vector<PyObject*>& keep);
+  // tensor leaves (borrowed from `out`'s objects, or from `keep`) in
+  // `tensors`. Sets a Python error and returns false on bad input; `out` then
+  // holds nothing.
+  bool ConvertAll(PyObject* const* values, PyObject** out, PyObject** tensors, Owned& keep);
 
   // A new reference to the converted return value, or null with an error set.
   PyObject* CheckReturn(PyObject* value);
@@ -127,7 +120,6 @@ class Boundary {
   // The flat arguments of converted values (ConvertAll's `out`), in schema
   // order, as the dispatcher takes them. False with an error set.
   bool Flatten(PyObject* const* converted, std::vector<c10::IValue>& stack);
-  const c10::FunctionSchema& flat_schema() const { return flat_; }
 
   // Positions (among the tensor leaves) of mutated tensors.
   const std::vector<int>& mutated_slots() const { return mutated_slots_; }
@@ -145,11 +137,12 @@ class Boundary {
   //   Dispatch(ns.attn.default, [q, AttnCfg(0.5, True)])  # ns.attn.default(q, 0.5, True)
   PyObject* Dispatch(PyObject* overload, PyObject* const* converted);
 
-  // A flat argument (or return) value from the dispatcher, as torch hands it
-  // to a Python kernel (dtype codes as torch.dtype, ...). A new reference, or
-  // null with a Python error set.
-  PyObject* PresentArgument(size_t index, const c10::IValue& value) const;
-  PyObject* PresentReturn(size_t index, const c10::IValue& value) const;
+  // A flat return value from the dispatcher, as torch hands it to a Python
+  // kernel (dtype codes as torch.dtype, ...). A new reference, or null with a
+  // Python error set.
+  PyObject* PresentReturn(size_t index, const c10::IValue& value) const {
+    return PresentLeaf(return_rules_.at(index), value);
+  }
 
   // A parameter's original value from a dispatcher call's flat leaves, as
   // the body receives it (structs and enums rebuilt, handles resolved): a new
@@ -175,19 +168,23 @@ class Boundary {
   enum class Context { kArgument, kDefault, kReturn };
 
  private:
-  PyObject* Convert(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep, Context ctx);
-  PyObject* ConvertStruct(Node& node, PyObject* obj, PyObject** tensors, std::vector<PyObject*>& keep,
-                          Context ctx);
+  PyObject* Convert(Node& node, PyObject* obj, PyObject** tensors, Owned& keep, Context ctx);
+  PyObject* ConvertStruct(Node& node, PyObject* obj, PyObject** tensors, Owned& keep, Context ctx);
   // One enum member or Literal value (kEnum, kLiteral).
   PyObject* ConvertChoice(const Node& node, PyObject* item, Context ctx);
   PyObject* ConvertReturnNode(Node& node, PyObject* obj);
   // The flat leaves of converted values, borrowed from them or from `owned`
   // (new references: enum values, handles). False with an error set.
-  bool FlattenLeaves(PyObject* const* converted, PyObject** leaves, std::vector<PyObject*>& owned);
-  bool FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, std::vector<PyObject*>& owned);
+  bool FlattenLeaves(PyObject* const* converted, PyObject** leaves, Owned& owned);
+  bool FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, Owned& owned);
   bool FlattenReturn(const Node& node, PyObject* value, PyObject** flat);
   PyObject* RebuildReturn(const Node& node, PyObject* const* flat);
   PyObject* Leaf(c10::ArrayRef<c10::IValue> args, size_t index, Owned& owned);
+  // `fn` (a function of opforge.handles) called with a kHandle node's value,
+  // its class and "op: where": a new reference, or null with an error set.
+  PyObject* CallHandles(PyObject* fn, const Node& node, PyObject* value) const;
+  // Present() with an error set for a code out of range.
+  PyObject* PresentLeaf(const LeafRule& rule, const c10::IValue& value) const;
   Node BuildParam(const MappingNode& m, const LoweredOp& lowered, const c10::FunctionSchema& flat,
                   const Location& where, pybind11::dict classes, pybind11::dict enum_values,
                   pybind11::dict handle_classes, bool top);

@@ -74,7 +74,7 @@ bool HashLeaf(const c10::IValue& v, size_t& hash) {
 // often with the same one again.
 class RebuildCache {
  public:
-  using Key = c10::ArrayRef<c10::IValue>;
+  using Key = c10::SmallVector<const c10::IValue*, 16>;  // the leaves a struct was built from
 
   ~RebuildCache() {
     if (!Py_IsInitialized()) return;
@@ -82,18 +82,16 @@ class RebuildCache {
     Clear();
   }
 
-  PyObject* FindLast(const c10::SmallVector<const c10::IValue*, 16>& key) const {
-    return last_ != nullptr && Same(*last_, key) ? last_->value : nullptr;
-  }
+  PyObject* FindLast(const Key& key) const { return last_ != nullptr && Same(*last_, key) ? last_->value : nullptr; }
 
-  PyObject* Find(size_t hash, const c10::SmallVector<const c10::IValue*, 16>& key) {
+  PyObject* Find(size_t hash, const Key& key) {
     auto it = entries_.find(hash);
     if (it == entries_.end() || !Same(it->second, key)) return nullptr;
     last_ = &it->second;
     return it->second.value;
   }
 
-  void Store(size_t hash, const c10::SmallVector<const c10::IValue*, 16>& key, PyObject* value) {
+  void Store(size_t hash, const Key& key, PyObject* value) {
     if (entries_.size() >= 256) Clear();
     Entry& e = entries_[hash];
     e.key.clear();
@@ -108,7 +106,7 @@ class RebuildCache {
     PyObject* value = nullptr;
   };
 
-  static bool Same(const Entry& e, const c10::SmallVector<const c10::IValue*, 16>& key) {
+  static bool Same(const Entry& e, const Key& key) {
     if (e.key.size() != key.size()) return false;
     for (size_t i = 0; i < key.size(); ++i) {
       if (!SameLeaf(e.key[i], *key[i])) return false;
@@ -158,14 +156,10 @@ class OpKernel : public c10::OperatorKernel {
 OpKernel::OpKernel(std::shared_ptr<Boundary> boundary, PyObject* fn)
     : boundary_(std::move(boundary)), fn_(Py_NewRef(fn)) {
   for (const Node& param : boundary_->params()) {
-    std::vector<int> key;
-    if (param.kind == Node::Kind::kStruct && param.cacheable) {
-      LeafIndices(param, key);
-      caches_.push_back(std::make_unique<RebuildCache>());
-    } else {
-      caches_.push_back(nullptr);
-    }
-    cache_keys_.push_back(std::move(key));
+    const bool cached = param.kind == Node::Kind::kStruct && param.cacheable;
+    caches_.push_back(cached ? std::make_unique<RebuildCache>() : nullptr);
+    cache_keys_.emplace_back();
+    if (cached) LeafIndices(param, cache_keys_.back());
   }
   for (const auto& ret : boundary_->flat().returns()) return_types_.push_back(ret.real_type());
 }
@@ -184,7 +178,7 @@ PyObject* OpKernel::Call(c10::ArrayRef<c10::IValue> args) {
   const size_t np = params.size();
   Owned owned;  // Python leaves and rebuilt values
   c10::SmallVector<PyObject*, 16> originals(np, nullptr);
-  c10::SmallVector<const c10::IValue*, 16> key;
+  RebuildCache::Key key;
   for (size_t p = 0; p < np; ++p) {
     const Node& param = params[p];
     if (param.kind == Node::Kind::kLeaf || param.kind == Node::Kind::kLiteral) {
@@ -207,13 +201,12 @@ PyObject* OpKernel::Call(c10::ArrayRef<c10::IValue> args) {
     if (value == nullptr) {
       value = boundary_->Rebuild(param, args, owned);
       if (value == nullptr) return nullptr;
-      owned.items.push_back(value);
+      owned.Add(value);
       if (cache != nullptr) cache->Store(hash, key, value);
     }
     originals[p] = value;
   }
-  PyObject* result = PyObject_Vectorcall(fn_, originals.data(), boundary_->num_positional(),
-                                         boundary_->body_kwnames());
+  PyObject* result = PyObject_Vectorcall(fn_, originals.data(), boundary_->num_positional(), boundary_->body_kwnames());
   if (result == nullptr) return nullptr;
   PyObject* checked = boundary_->CheckReturn(result);
   Py_DECREF(result);
@@ -245,32 +238,25 @@ void OpKernel::Push(PyObject* checked, torch::jit::Stack* stack) {
 void OpKernel::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const size_t nargs = op.schema().arguments().size();
   py::gil_scoped_acquire gil;
-  PyObject* checked = Call(torch::jit::last(stack, nargs));
-  if (checked == nullptr) throw python_error();
   Owned hold;
-  hold.items.push_back(checked);
+  PyObject* checked = hold.Add(Call(torch::jit::last(stack, nargs)));
+  if (checked == nullptr) throw python_error();
   torch::jit::drop(stack, nargs);
   Push(checked, stack);
 }
 
 // Keeps an op's kernel registered for one dispatch key while it lives.
-class KernelHandle {
- public:
-  KernelHandle(std::unique_ptr<KernelRegistration> registration, OpKernel* kernel)
-      : registration_(std::move(registration)), kernel_(kernel) {}
-  void SetFn(py::handle fn) { kernel_->SetFn(fn.ptr()); }
-
- private:
-  std::unique_ptr<KernelRegistration> registration_;
-  OpKernel* kernel_;  // owned by the dispatcher while registration_ lives
+struct KernelHandle {
+  std::unique_ptr<KernelRegistration> registration;
+  OpKernel* kernel;  // owned by the dispatcher while `registration` lives
 };
 
 }  // namespace
 
 void InitKernels(py::module_& m) {
-  py::class_<KernelHandle>(m, "OpKernel",
-                           "An op's kernel for one dispatch key, registered while this object lives.")
-      .def("set_fn", &KernelHandle::SetFn, py::arg("fn"), "Replaces the function the kernel calls.");
+  py::class_<KernelHandle>(m, "OpKernel", "An op's kernel for one dispatch key, registered while this object lives.")
+      .def("set_fn", [](KernelHandle& h, py::handle fn) { h.kernel->SetFn(fn.ptr()); }, py::arg("fn"),
+           "Replaces the function the kernel calls.");
   m.def(
       "register_kernel",
       [](std::shared_ptr<Boundary> boundary, py::handle fn, const std::string& key) {
@@ -280,7 +266,7 @@ void InitKernels(py::module_& m) {
           raw = kernel.get();
           return torch::CppFunction::makeFromBoxedFunctor(std::move(kernel));
         });
-        return std::make_unique<KernelHandle>(std::move(registration), raw);
+        return std::make_unique<KernelHandle>(KernelHandle{std::move(registration), raw});
       },
       py::arg("boundary"), py::arg("fn"), py::arg("dispatch_key"),
       "Registers the op's kernel for `dispatch_key`: flat leaves in, `fn` called with the original arguments.");

@@ -11,13 +11,13 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/tensor_memoryformats.h>
 
+#include <tuple>
+#include <utility>
+
 namespace opforge {
 namespace {
 
 using Kind = LeafRule::Kind;
-
-// torch's own conversion; null (and no Python error) when torch rejects.
-PyObject* TorchConvert(const LeafRule& rule, PyObject* obj);
 
 bool IsExactInt64(PyObject* obj) {
   if (!PyLong_CheckExact(obj)) return false;
@@ -26,30 +26,35 @@ bool IsExactInt64(PyObject* obj) {
   return overflow == 0;
 }
 
-PyObject* ConvertList(const LeafRule& rule, PyObject* obj) {
-  if (PyUnicode_Check(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj) || PyDict_Check(obj) ||
-      PyAnySet_Check(obj)) {
-    return nullptr;
+// The torch object for a dtype, layout or memory-format code, or null for a code out of range.
+template <class Enum, class Get>
+PyObject* FromCode(const c10::IValue& value, Get get) {
+  if (!value.isInt()) return nullptr;
+  const int64_t code = value.toInt();
+  if (code < 0 || code >= static_cast<int64_t>(Enum::NumOptions)) return nullptr;
+  return Py_NewRef(reinterpret_cast<PyObject*>(get(static_cast<Enum>(code))));
+}
+
+// A leaf's kind and how messages name its values (a list's comes from its element).
+std::pair<Kind, std::string> KindOf(const c10::Type& type) {
+  switch (type.kind()) {
+    case c10::TypeKind::TensorType: return {Kind::kTensor, "a Tensor"};
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType: return {Kind::kInt, "an int"};
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType: return {Kind::kFloat, "a float"};
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::SymBoolType: return {Kind::kBool, "a bool"};
+    case c10::TypeKind::StringType: return {Kind::kStr, "a str"};
+    case c10::TypeKind::NumberType: return {Kind::kScalar, "a number (int, float, bool or complex)"};
+    case c10::TypeKind::ScalarTypeType: return {Kind::kScalarType, "a torch.dtype"};
+    case c10::TypeKind::LayoutType: return {Kind::kLayout, "a torch.layout"};
+    case c10::TypeKind::MemoryFormatType: return {Kind::kMemoryFormat, "a torch.memory_format"};
+    case c10::TypeKind::DeviceObjType: return {Kind::kDevice, "a torch.device or a device string"};
+    case c10::TypeKind::GeneratorType: return {Kind::kGenerator, "a torch.Generator"};
+    case c10::TypeKind::ListType: return {Kind::kList, ""};
+    default: return {Kind::kOther, "a value of type " + type.str()};
   }
-  const LeafRule& element = *rule.element;
-  if (element.kind == Kind::kTensor && THPVariable_Check(obj)) return nullptr;
-  if (!PyList_Check(obj) && !PyTuple_Check(obj)) return TorchConvert(rule, obj);
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-  PyObject* out = PyList_New(n);
-  if (out == nullptr) {
-    PyErr_Clear();
-    return nullptr;
-  }
-  PyObject** items = PySequence_Fast_ITEMS(obj);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* item = ConvertLeaf(element, items[i]);
-    if (item == nullptr) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyList_SET_ITEM(out, i, item);
-  }
-  return out;
 }
 
 }  // namespace
@@ -62,41 +67,13 @@ LeafRule MakeRule(c10::TypePtr type, std::optional<int32_t> N) {
   }
   rule.type = type;
   rule.N = N;
-  switch (type->kind()) {
-    case c10::TypeKind::TensorType: rule.kind = Kind::kTensor; rule.expected = "a Tensor"; break;
-    case c10::TypeKind::IntType:
-    case c10::TypeKind::SymIntType: rule.kind = Kind::kInt; rule.expected = "an int"; break;
-    case c10::TypeKind::FloatType:
-    case c10::TypeKind::SymFloatType: rule.kind = Kind::kFloat; rule.expected = "a float"; break;
-    case c10::TypeKind::BoolType:
-    case c10::TypeKind::SymBoolType: rule.kind = Kind::kBool; rule.expected = "a bool"; break;
-    case c10::TypeKind::StringType: rule.kind = Kind::kStr; rule.expected = "a str"; break;
-    case c10::TypeKind::NumberType:
-      rule.kind = Kind::kScalar;
-      rule.expected = "a number (int, float, bool or complex)";
-      break;
-    case c10::TypeKind::ScalarTypeType: rule.kind = Kind::kScalarType; rule.expected = "a torch.dtype"; break;
-    case c10::TypeKind::LayoutType: rule.kind = Kind::kLayout; rule.expected = "a torch.layout"; break;
-    case c10::TypeKind::MemoryFormatType:
-      rule.kind = Kind::kMemoryFormat;
-      rule.expected = "a torch.memory_format";
-      break;
-    case c10::TypeKind::DeviceObjType:
-      rule.kind = Kind::kDevice;
-      rule.expected = "a torch.device or a device string";
-      break;
-    case c10::TypeKind::GeneratorType: rule.kind = Kind::kGenerator; rule.expected = "a torch.Generator"; break;
-    case c10::TypeKind::ListType: {
-      rule.kind = Kind::kList;
-      rule.element = std::make_shared<LeafRule>(
-          MakeRule(type->expectRef<c10::ListType>().getElementType(), std::nullopt));
-      std::string noun = rule.element->expected;
-      // "an int" -> "int"; "a Tensor" -> "Tensor"
-      noun = noun.substr(noun.find(' ') + 1);
-      rule.expected = "a list of " + noun + (rule.element->optional ? " or None" : "");
-      break;
-    }
-    default: rule.kind = Kind::kOther; rule.expected = "a value of type " + type->str(); break;
+  std::tie(rule.kind, rule.expected) = KindOf(*type);
+  if (rule.kind == Kind::kList) {
+    rule.element =
+        std::make_shared<LeafRule>(MakeRule(type->expectRef<c10::ListType>().getElementType(), std::nullopt));
+    // "an int" -> "int"; "a Tensor" -> "Tensor"
+    const std::string& noun = rule.element->expected;
+    rule.expected = "a list of " + noun.substr(noun.find(' ') + 1) + (rule.element->optional ? " or None" : "");
   }
   return rule;
 }
@@ -105,34 +82,19 @@ bool HoldsTensors(const LeafRule& rule) {
   return rule.kind == Kind::kTensor || (rule.kind == Kind::kList && rule.element->kind == Kind::kTensor);
 }
 
-// torch's presentation of a converted argument to a Python kernel.
 PyObject* Present(const LeafRule& rule, const c10::IValue& value) {
   if (value.isNone()) return Py_NewRef(Py_None);
   switch (rule.kind) {
-    case Kind::kScalarType: {
-      if (!value.isInt()) return nullptr;
-      const int64_t code = value.toInt();
-      if (code < 0 || code >= static_cast<int64_t>(c10::ScalarType::NumOptions)) return nullptr;
-      return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(code))));
-    }
-    case Kind::kLayout: {
-      if (!value.isInt()) return nullptr;
-      const int64_t code = value.toInt();
-      if (code < 0 || code >= static_cast<int64_t>(c10::Layout::NumOptions)) return nullptr;
-      return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(code))));
-    }
-    case Kind::kMemoryFormat: {
-      if (!value.isInt()) return nullptr;
-      const int64_t code = value.toInt();
-      if (code < 0 || code >= static_cast<int64_t>(c10::MemoryFormat::NumOptions)) return nullptr;
-      return Py_NewRef(torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(code)));
-    }
-    default:
-      return torch::jit::toPyObject(value).release().ptr();
+    case Kind::kScalarType: return FromCode<c10::ScalarType>(value, torch::getTHPDtype);
+    case Kind::kLayout: return FromCode<c10::Layout>(value, torch::getTHPLayout);
+    case Kind::kMemoryFormat: return FromCode<c10::MemoryFormat>(value, torch::utils::getTHPMemoryFormat);
+    default: return torch::jit::toPyObject(value).release().ptr();
   }
 }
 
 namespace {
+
+// torch's own conversion; null (and no Python error) when torch rejects.
 PyObject* TorchConvert(const LeafRule& rule, PyObject* obj) {
   try {
     c10::IValue value = torch::jit::toIValue(obj, rule.type, rule.N);
@@ -145,6 +107,20 @@ PyObject* TorchConvert(const LeafRule& rule, PyObject* obj) {
   }
 }
 
+PyObject* ConvertList(const LeafRule& rule, PyObject* obj) {
+  if (PyUnicode_Check(obj) || PyBytes_Check(obj) || PyByteArray_Check(obj) || PyDict_Check(obj) ||
+      PyAnySet_Check(obj)) {
+    return nullptr;
+  }
+  const LeafRule& element = *rule.element;
+  if (element.kind == Kind::kTensor && THPVariable_Check(obj)) return nullptr;
+  if (!PyList_Check(obj) && !PyTuple_Check(obj)) return TorchConvert(rule, obj);
+  PyObject** items = PySequence_Fast_ITEMS(obj);
+  PyObject* out = NewList(PySequence_Fast_GET_SIZE(obj), [&](Py_ssize_t i) { return ConvertLeaf(element, items[i]); });
+  if (out == nullptr) PyErr_Clear();  // a failed PyList_New; an item that does not fit sets no error
+  return out;
+}
+
 }  // namespace
 
 PyObject* ConvertLeaf(const LeafRule& rule, PyObject* obj) {
@@ -153,48 +129,29 @@ PyObject* ConvertLeaf(const LeafRule& rule, PyObject* obj) {
     case Kind::kTensor:
       // torch hands a Python kernel the very tensor object it was given.
       return THPVariable_Check(obj) ? Py_NewRef(obj) : nullptr;
-    case Kind::kInt:
-      if (IsExactInt64(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kFloat:
-      if (PyFloat_CheckExact(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kBool:
-      if (PyBool_Check(obj)) return Py_NewRef(obj);
-      break;
+    case Kind::kInt: return IsExactInt64(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
+    case Kind::kFloat: return PyFloat_CheckExact(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
+    case Kind::kBool: return PyBool_Check(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
     case Kind::kStr:
-      if (PyUnicode_CheckExact(obj)) {
-        if (PyUnicode_IS_ASCII(obj) || PyUnicode_AsUTF8(obj) != nullptr) return Py_NewRef(obj);
-        PyErr_Clear();
-        return nullptr;  // lone surrogates: no UTF-8 form for torch
-      }
-      break;
-    case Kind::kScalar:
-      if (PyFloat_CheckExact(obj) || PyBool_Check(obj) || PyComplex_CheckExact(obj) || IsExactInt64(obj)) {
-        return Py_NewRef(obj);
-      }
-      break;
-    case Kind::kScalarType:
-      if (THPDtype_Check(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kLayout:
-      if (THPLayout_Check(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kMemoryFormat:
-      if (THPMemoryFormat_Check(obj)) return Py_NewRef(obj);
-      break;
-    case Kind::kDevice:
-      if (THPDevice_Check(obj)) return Py_NewRef(obj);
-      break;
+      if (!PyUnicode_CheckExact(obj)) return TorchConvert(rule, obj);
+      if (PyUnicode_IS_ASCII(obj) || PyUnicode_AsUTF8(obj) != nullptr) return Py_NewRef(obj);
+      PyErr_Clear();
+      return nullptr;  // lone surrogates: no UTF-8 form for torch
+    case Kind::kScalar: {
+      const bool exact = PyFloat_CheckExact(obj) || PyBool_Check(obj) || PyComplex_CheckExact(obj) || IsExactInt64(obj);
+      return exact ? Py_NewRef(obj) : TorchConvert(rule, obj);
+    }
+    case Kind::kScalarType: return THPDtype_Check(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
+    case Kind::kLayout: return THPLayout_Check(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
+    case Kind::kMemoryFormat: return THPMemoryFormat_Check(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
+    case Kind::kDevice: return THPDevice_Check(obj) ? Py_NewRef(obj) : TorchConvert(rule, obj);
     case Kind::kGenerator: {
       const int is = THPGenerator_Check(obj);
       if (is < 0) PyErr_Clear();
       return is > 0 ? Py_NewRef(obj) : nullptr;
     }
-    case Kind::kList:
-      return ConvertList(rule, obj);
-    case Kind::kOther:
-      break;
+    case Kind::kList: return ConvertList(rule, obj);
+    case Kind::kOther: break;
   }
   return TorchConvert(rule, obj);
 }
@@ -217,17 +174,10 @@ bool CacheableLeaf(const LeafRule& rule) {
 
 c10::IValue LeafIValue(const LeafRule& rule, const c10::Argument& arg, PyObject* obj) {
   if (obj == Py_None) return c10::IValue();
-  switch (rule.kind) {
-    case Kind::kTensor: return THPVariable_Unpack(obj);
-    case Kind::kInt:
-      if (PyLong_CheckExact(obj)) return static_cast<int64_t>(PyLong_AsLongLong(obj));
-      break;
-    case Kind::kFloat:
-      if (PyFloat_CheckExact(obj)) return PyFloat_AS_DOUBLE(obj);
-      break;
-    case Kind::kBool: return obj == Py_True;
-    default: break;
-  }
+  if (rule.kind == Kind::kTensor) return THPVariable_Unpack(obj);
+  if (rule.kind == Kind::kInt && PyLong_CheckExact(obj)) return static_cast<int64_t>(PyLong_AsLongLong(obj));
+  if (rule.kind == Kind::kFloat && PyFloat_CheckExact(obj)) return PyFloat_AS_DOUBLE(obj);
+  if (rule.kind == Kind::kBool) return obj == Py_True;
   return torch::jit::toIValue(py::handle(obj), arg.real_type(), arg.N());
 }
 

@@ -76,4 +76,30 @@ std::string Describe(PyObject* obj);
 std::string Repr(PyObject* obj);  // repr(obj), or "?"
 std::string Qualname(PyObject* cls);
 
+// A new tuple (kTuple) or list of `n` items, `item(i)` giving each as a new
+// reference; null, the error as `item` left it, when an item is null.
+template <bool kTuple, class Item>
+PyObject* NewSequence(Py_ssize_t n, Item&& item) {
+  PyObject* out = kTuple ? PyTuple_New(n) : PyList_New(n);
+  for (Py_ssize_t i = 0; out != nullptr && i < n; ++i) {
+    PyObject* value = item(i);
+    if (value == nullptr) {
+      Py_CLEAR(out);
+    } else if constexpr (kTuple) {
+      PyTuple_SET_ITEM(out, i, value);
+    } else {
+      PyList_SET_ITEM(out, i, value);
+    }
+  }
+  return out;
+}
+template <class Item>
+PyObject* NewList(Py_ssize_t n, Item&& item) {
+  return NewSequence<false>(n, item);
+}
+template <class Item>
+PyObject* NewTuple(Py_ssize_t n, Item&& item) {
+  return NewSequence<true>(n, item);
+}
+
 }  // namespace opforge

@@ -55,6 +55,14 @@ std::string KindName(TypeKind kind) {
   }
 }
 
+py::object ToPython(const Value& v);
+
+py::list ToPython(const std::vector<Value>& values) {
+  py::list out;
+  for (const auto& v : values) out.append(ToPython(v));
+  return out;
+}
+
 py::object ToPython(const Value& v) {
   switch (v.kind) {
     case Value::Kind::kNone: return py::none();
@@ -64,11 +72,7 @@ py::object ToPython(const Value& v) {
     case Value::Kind::kComplex: return py::cast(std::complex<double>(v.d, v.imag));
     case Value::Kind::kString:
     case Value::Kind::kDevice: return py::str(v.s);
-    case Value::Kind::kList: {
-      py::list out;
-      for (const auto& item : v.items) out.append(ToPython(item));
-      return std::move(out);
-    }
+    case Value::Kind::kList: return ToPython(v.items);
     case Value::Kind::kStruct: {
       py::dict out;
       for (size_t i = 0; i < v.items.size(); ++i) out[py::str(v.names[i])] = ToPython(v.items[i]);
@@ -102,27 +106,10 @@ std::vector<LeafModel> LeafModels(const LoweredOp& l) {
   for (size_t i = 0; i < l.flat.arguments.size(); ++i) {
     const Argument& a = l.flat.arguments[i];
     const LeafInfo& info = l.leaves[i];
-    LeafModel m;
-    m.name = a.name;
-    m.type = TypeStr(*a.type);
-    m.kwarg_only = a.kwarg_only;
-    m.has_default = a.default_value.has_value();
-    m.default_value = a.default_value ? ToPython(*a.default_value) : py::none();
-    m.is_tensor = IsTensorLike(*a.type);
-    m.path = info.path;
-    if (info.allowed.empty()) {
-      m.allowed = py::none();
-    } else {
-      py::list values;
-      for (const auto& v : info.allowed) values.append(ToPython(v));
-      m.allowed = std::move(values);
-    }
-    m.enum_name = info.enum_name;
-    m.handle_type = info.handle_type;
-    m.is_presence = info.is_presence;
-    m.mutated = info.mutated;
-    m.default_from_field = info.default_from_field;
-    out.push_back(std::move(m));
+    out.push_back({a.name, TypeStr(*a.type), a.kwarg_only, a.default_value.has_value(),
+                   a.default_value ? ToPython(*a.default_value) : py::none(), IsTensorLike(*a.type), info.path,
+                   info.allowed.empty() ? py::object(py::none()) : ToPython(info.allowed), info.enum_name,
+                   info.handle_type, info.is_presence, info.mutated, info.default_from_field});
   }
   return out;
 }
@@ -140,6 +127,21 @@ Value FromPython(py::handle v) {
   if (py::isinstance<py::str>(v)) return Value::String(v.cast<std::string>());
   if (py::isinstance<py::float_>(v)) return Value::Double(v.cast<double>());
   return Value::Device(py::repr(v).cast<std::string>());
+}
+
+std::vector<Value> FromPython(const py::list& values) {
+  std::vector<Value> out;
+  for (const auto& v : values) out.push_back(FromPython(v));
+  return out;
+}
+
+using FieldTuples = std::vector<std::tuple<std::string, std::string, std::optional<std::string>>>;
+
+// A struct's fields, each (name, type text, default text or None), as MakeStruct takes them.
+std::vector<FieldText> FieldTexts(const FieldTuples& fields) {
+  std::vector<FieldText> texts;
+  for (const auto& [field, type, def] : fields) texts.push_back({field, type, def});
+  return texts;
 }
 
 void Translate(const Error& e) {
@@ -177,12 +179,7 @@ PYBIND11_MODULE(_C, m) {
                                for (const auto& e : t.elements) out.push_back(std::const_pointer_cast<Type>(e));
                                return out;
                              })
-      .def_property_readonly("literals",
-                             [](const Type& t) {
-                               py::list out;
-                               for (const auto& v : t.literals) out.append(ToPython(v));
-                               return out;
-                             })
+      .def_property_readonly("literals", [](const Type& t) { return ToPython(t.literals); })
       .def_property_readonly("annotation_str", [](const Type& t) { return AnnotationStr(t); })
       .def("__str__", [](const Type& t) { return TypeStr(t); })
       .def("__repr__", [](const Type& t) { return "<opforge Type " + TypeStr(t) + ">"; });
@@ -222,11 +219,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<LeafInfo>(m, "LeafInfo")
       .def_readonly("path", &LeafInfo::path)
-      .def_property_readonly("allowed", [](const LeafInfo& l) {
-        py::list out;
-        for (const auto& v : l.allowed) out.append(ToPython(v));
-        return out;
-      })
+      .def_property_readonly("allowed", [](const LeafInfo& l) { return ToPython(l.allowed); })
       .def_readonly("enum_name", &LeafInfo::enum_name)
       .def_readonly("handle_type", &LeafInfo::handle_type)
       .def_readonly("is_presence", &LeafInfo::is_presence)
@@ -302,53 +295,36 @@ PYBIND11_MODULE(_C, m) {
         py::arg("text"));
 
   m.def("register_struct",
-        [](const std::string& name,
-           const std::vector<std::tuple<std::string, std::string, std::optional<std::string>>>& fields) {
-          std::vector<FieldText> texts;
-          for (const auto& [field, type, def] : fields) texts.push_back({field, type, def});
+        [](const std::string& name, const FieldTuples& fields) {
           auto& registry = TypeRegistry::Global();
-          return registry.AddStruct(MakeStruct(name, texts, registry));
+          return registry.AddStruct(MakeStruct(name, FieldTexts(fields), registry));
         },
         py::arg("name"), py::arg("fields"),
         "Registers a struct: fields are (name, type text, default text or None). "
         "Returns False if an identical struct already exists.");
   m.def("register_enum",
         [](const std::string& name, const std::vector<std::string>& members, const py::list& values) {
-          EnumDef def;
-          def.name = name;
-          def.members = members;
-          for (const auto& v : values) def.values.push_back(FromPython(v));
-          return TypeRegistry::Global().AddEnum(std::move(def));
+          return TypeRegistry::Global().AddEnum(EnumDef{name, members, FromPython(values)});
         },
         py::arg("name"), py::arg("members"), py::arg("values"),
         "Registers an enum; the core checks its values (all str or all int).");
-  m.def("check_literal",
-        [](const py::list& values) {
-          std::vector<Value> converted;
-          for (const auto& v : values) converted.push_back(FromPython(v));
-          CheckLiteralValues(converted);
-        },
-        py::arg("values"), "Raises TypeError unless the values are all str or all int.");
+  m.def("check_literal", [](const py::list& values) { CheckLiteralValues(FromPython(values)); }, py::arg("values"),
+        "Raises TypeError unless the values are all str or all int.");
   m.def("struct_matches",
-        [](const std::string& name,
-           const std::vector<std::tuple<std::string, std::string, std::optional<std::string>>>& fields) {
+        [](const std::string& name, const FieldTuples& fields) {
           // Whether `name` is registered with exactly this layout, defaults included.
           auto& registry = TypeRegistry::Global();
           auto existing = registry.FindStruct(name);
           if (!existing) return false;
-          std::vector<FieldText> texts;
-          for (const auto& [field, type, def] : fields) texts.push_back({field, type, def});
           try {
-            return SameLayout(*existing, MakeStruct(name, texts, registry));
+            return SameLayout(*existing, MakeStruct(name, FieldTexts(fields), registry));
           } catch (const Error&) {
             return false;
           }
         },
         py::arg("name"), py::arg("fields"));
-  m.def("remove_type", [](const std::string& name) { return TypeRegistry::Global().Remove(name); },
-        py::arg("name"));
-  m.def("has_type", [](const std::string& name) { return TypeRegistry::Global().Contains(name); },
-        py::arg("name"));
+  m.def("remove_type", [](const std::string& name) { return TypeRegistry::Global().Remove(name); }, py::arg("name"));
+  m.def("has_type", [](const std::string& name) { return TypeRegistry::Global().Contains(name); }, py::arg("name"));
   m.def("type_names", [] { return TypeRegistry::Global().Names(); });
   m.def("describe_struct", [](const std::string& name) -> py::object {
     auto def = TypeRegistry::Global().FindStruct(name);
@@ -364,9 +340,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("describe_enum", [](const std::string& name) -> py::object {
     auto def = TypeRegistry::Global().FindEnum(name);
     if (!def) return py::none();
-    py::list values;
-    for (const auto& v : def->values) values.append(ToPython(v));
-    return py::make_tuple(def->members, values);
+    return py::make_tuple(def->members, ToPython(def->values));
   });
 
   InitBoundary(m);
@@ -424,12 +398,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("library_op", [](const std::string& name) -> py::object {
     auto op = LibraryRegistry::Global().Find(name);
     if (!op) return py::none();
-    py::dict out;
-    out["library"] = op->library;
-    out["abi"] = op->abi;
-    out["has_cpp_autograd"] = op->has_cpp_autograd;
-    out["has_torch_layer_autograd"] = op->torch_layer_autograd != nullptr;
-    return out;
+    return py::dict(py::arg("library") = op->library, py::arg("abi") = op->abi,
+                    py::arg("has_cpp_autograd") = op->has_cpp_autograd,
+                    py::arg("has_torch_layer_autograd") = op->torch_layer_autograd != nullptr);
   }, py::arg("name"), "What a C++ library says of one of its ops, or None for an op of no C++ library.");
   m.def("abi_version", [] {
     uint32_t newest = 0;
@@ -456,8 +427,7 @@ PYBIND11_MODULE(_C, m) {
         [](const std::string& op, const std::string& tag) { return TagRegistry::Global().ArgsWithTag(op, tag); },
         py::arg("op"), py::arg("tag"));
   m.def("arg_tags", [](const std::string& op) { return TagRegistry::Global().TagsOf(op); }, py::arg("op"));
-  m.def("ops_with_tag", [](const std::string& tag) { return TagRegistry::Global().OpsWithTag(tag); },
-        py::arg("tag"));
+  m.def("ops_with_tag", [](const std::string& tag) { return TagRegistry::Global().OpsWithTag(tag); }, py::arg("tag"));
   m.def("tags_version", [] { return TagRegistry::Global().version(); });
 
   m.def("bench_parse_print",

@@ -14,7 +14,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <array>
-#include <optional>
+#include <utility>
 #include <vector>
 
 #include "python/autograd.h"
@@ -84,9 +84,7 @@ bool CheckTensor(PyObject* obj, CheckState& st, int depth) {
     st.device = device;
     // A tensor without autograd metadata cannot require grad; asking it
     // directly is a call into c10 per tensor.
-    if (!st.requires_grad && t.unsafeGetTensorImpl()->autograd_meta() != nullptr) {
-      st.requires_grad = t.requires_grad();
-    }
+    if (!st.requires_grad && t.unsafeGetTensorImpl()->autograd_meta() != nullptr) st.requires_grad = t.requires_grad();
     return true;
   }
   if (depth == 0 && (PyList_CheckExact(obj) || PyTuple_CheckExact(obj))) {
@@ -100,29 +98,16 @@ bool CheckTensor(PyObject* obj, CheckState& st, int depth) {
   return false;
 }
 
-bool AnyInference(PyObject* obj) {
-  if (obj == nullptr || obj == Py_None) return false;
-  if (THPVariable_Check(obj)) {
-    const at::Tensor& t = THPVariable_Unpack(obj);
-    return t.defined() && t.is_inference();
-  }
-  if (PyList_Check(obj) || PyTuple_Check(obj)) {
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-    for (Py_ssize_t i = 0; i < n; ++i) {
-      if (AnyInference(PySequence_Fast_ITEMS(obj)[i])) return true;
-    }
-  }
-  return false;
-}
-
-void BumpVersion(PyObject* obj) {
+// Calls `f` on each defined tensor of a tensor leaf's value: a Tensor, a list of them, or None.
+template <class F>
+void ForEachLeafTensor(PyObject* obj, F&& f) {
   if (obj == nullptr || obj == Py_None) return;
   if (THPVariable_Check(obj)) {
     const at::Tensor& t = THPVariable_Unpack(obj);
-    if (t.defined()) torch::autograd::impl::bump_version(t);
+    if (t.defined()) f(t);
   } else if (PyList_Check(obj) || PyTuple_Check(obj)) {
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
-    for (Py_ssize_t i = 0; i < n; ++i) BumpVersion(PySequence_Fast_ITEMS(obj)[i]);
+    for (Py_ssize_t i = 0; i < n; ++i) ForEachLeafTensor(PySequence_Fast_ITEMS(obj)[i], f);
   }
 }
 
@@ -131,8 +116,7 @@ void BumpVersion(PyObject* obj) {
 int FastPathMode(PyObject* const* tensors, size_t n, c10::DeviceType* device) {
   if (!g_enabled) return -1;
   const auto tls = c10::impl::tls_local_dispatch_key_set();
-  if (tls.included_.remove(c10::DispatchKey::ADInplaceOrView) !=
-      c10::DispatchKeySet(c10::DispatchKey::BackendSelect)) {
+  if (tls.included_.remove(c10::DispatchKey::ADInplaceOrView) != c10::DispatchKeySet(c10::DispatchKey::BackendSelect)) {
     return -1;  // tracing, functorch, python dispatcher, ...
   }
   if (!tls.excluded_.isSupersetOf(c10::default_excluded_set)) return -1;  // autocast
@@ -204,12 +188,13 @@ Route ChooseRoute(OpObject* op, PyObject** tensors, PyObject** kernel) {
   // kernel does on the dispatcher path; bumping an inference tensor's version
   // outside inference mode is an error, which the dispatcher path raises.
   if (!b.mutated_slots().empty() && !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) {
+    bool inference = false;
     if (!c10::InferenceMode::is_enabled()) {
-      for (int slot : b.mutated_slots()) {
-        if (AnyInference(tensors[slot])) return Route::kDispatcher;
-      }
+      auto note = [&](const at::Tensor& t) { inference = inference || t.is_inference(); };
+      for (int slot : b.mutated_slots()) ForEachLeafTensor(tensors[slot], note);
     }
-    for (int slot : b.mutated_slots()) BumpVersion(tensors[slot]);
+    if (inference) return Route::kDispatcher;
+    for (int slot : b.mutated_slots()) ForEachLeafTensor(tensors[slot], torch::autograd::impl::bump_version);
   }
   return mode == 1 ? Route::kBodyWithGrad : Route::kBody;
 }
@@ -251,33 +236,23 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
   if (b == nullptr) return CallFallback(op, self, args, nargs, kwnames);
   const size_t n = b->num_params();
   const size_t nslots = b->num_tensor_slots();
-  c10::SmallVector<PyObject*, 16> values(n), out(n), tensors(nslots, nullptr);
+  c10::SmallVector<PyObject*, 16> values(n), tensors(nslots, nullptr);
   if (!b->Bind(args, nargs, kwnames, values.data())) return CallFallback(op, self, args, nargs, kwnames);
-  std::vector<PyObject*> keep;
-  const bool converted = b->ConvertAll(values.data(), out.data(), tensors.data(), keep);
-  struct Release {
-    c10::SmallVector<PyObject*, 16>& items;
-    std::vector<PyObject*>& keep;
-    bool converted;
-    ~Release() {
-      if (converted) {
-        for (PyObject* p : items) Py_DECREF(p);
-      }
-      for (PyObject* p : keep) Py_DECREF(p);
-    }
-  } release{out, keep, converted};
-  if (!converted) return nullptr;
+  Owned keep, converted;  // released however the call ends
+  converted.items.resize(n);
+  PyObject** out = converted.items.data();
+  if (!b->ConvertAll(values.data(), out, tensors.data(), keep)) return nullptr;
 
   PyObject* kernel = nullptr;
   switch (ChooseRoute(op, tensors.data(), &kernel)) {
     case Route::kCppDispatcher:
-      return CallDispatcher(op, out.data());
+      return CallDispatcher(op, out);
     case Route::kBody: {
       PyObject* result;
       {
         // What the dispatcher's autograd step does before calling the kernel.
         BelowAutograd guard(!b->mutated_slots().empty());
-        result = PyObject_Vectorcall(kernel, out.data(), b->num_positional(), b->body_kwnames());
+        result = PyObject_Vectorcall(kernel, out, b->num_positional(), b->body_kwnames());
       }
       if (result == nullptr) return nullptr;
       PyObject* checked = b->CheckReturn(result);
@@ -285,11 +260,11 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
       return checked;
     }
     case Route::kBodyWithGrad:
-      return CallWithGrad(*op->bridge, kernel, out.data(), tensors.data());
+      return CallWithGrad(*op->bridge, kernel, out, tensors.data());
     case Route::kDispatcher:
       break;
   }
-  return b->Dispatch(op->overload, out.data());
+  return b->Dispatch(op->overload, out);
 }
 
 PyObject* OpCall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
@@ -369,7 +344,6 @@ PyObject* Guarded(PyObject* exc, F&& f) {
   Py_RETURN_NONE;
 }
 
-// _bind(boundary, default_kernel, kernels, fallback)
 PyObject* OpBind(PyObject* self, PyObject* args) {
   auto* op = reinterpret_cast<OpObject*>(self);
   PyObject *boundary, *default_kernel, *kernels, *fallback;
@@ -396,7 +370,8 @@ PyObject* OpSetKernel(PyObject* self, PyObject* args) {
   PyObject *device, *kernel;
   if (!PyArg_ParseTuple(args, "OO", &device, &kernel)) return nullptr;
   return Guarded(PyExc_ValueError, [&] {
-    PyObject*& slot = device == Py_None ? op->default_kernel : op->kernels[static_cast<size_t>(ParseDeviceType(device))];
+    PyObject*& slot =
+        device == Py_None ? op->default_kernel : op->kernels[static_cast<size_t>(ParseDeviceType(device))];
     Py_XSETREF(slot, Py_NewRef(kernel));
   });
 }
@@ -426,7 +401,6 @@ PyObject* OpFastCheck(PyObject* /*self*/, PyObject* tensors) {
   return PyLong_FromLong(mode);
 }
 
-// _set_dispatcher_op(qualified_name, rebuild_output or None)
 PyObject* OpSetDispatcherOp(PyObject* self, PyObject* args) {
   auto* op = reinterpret_cast<OpObject*>(self);
   const char* name;
@@ -492,11 +466,8 @@ void InitOpObject(py::module_& m) {
   m.add_object("OpBase", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&OpType)));
   m.def("install_fast_call", &InstallFastCall, py::arg("cls"),
         "Makes eager calls of instances of `cls` (an OpBase subclass) take the C entry.");
-  m.def("set_fast_path_enabled", [](bool enabled) {
-    bool previous = g_enabled;
-    g_enabled = enabled;
-    return previous;
-  }, py::arg("enabled"), "Turns the eager fast path on or off for every op; returns the previous setting.");
+  m.def("set_fast_path_enabled", [](bool enabled) { return std::exchange(g_enabled, enabled); }, py::arg("enabled"),
+        "Turns the eager fast path on or off for every op; returns the previous setting.");
 }
 
 }  // namespace opforge

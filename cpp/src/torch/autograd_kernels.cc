@@ -1,7 +1,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/stack.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
@@ -15,6 +14,7 @@
 
 #include "core/libraries.h"
 #include "torch/autograd_kernels.h"
+#include "torch/cpp_autograd.h"
 #include "torch/ivalues.h"
 #include "torch/nodes.h"
 
@@ -50,29 +50,24 @@ class NoBackwardKernel : public c10::OperatorKernel {
       return;
     }
     std::vector<Variable> inputs;
-    std::vector<std::vector<at::Tensor>> written(num_args);
-    for (size_t i = first; i < stack->size(); ++i) {
-      const auto& alias = schema.arguments()[i - first].alias_info();
+    std::vector<std::pair<size_t, at::Tensor>> written;  // (argument, tensor)
+    for (size_t i = 0; i < num_args; ++i) {
+      const auto& alias = schema.arguments()[i].alias_info();
       const bool writes = alias && alias->isWrite();
-      ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
+      ForEachTensor((*stack)[first + i], [&](const at::Tensor& t) {
         inputs.push_back(t);
-        if (writes) written[i - first].push_back(t);
+        if (writes) written.emplace_back(i, t);
       });
     }
     RedispatchBelowAutograd(op, ks, stack, mutates_);
     NodePtr node = MakeNode<torch::autograd::Error>(message_, torch::autograd::collect_next_edges(inputs));
     // Arguments the op writes (`Tensor(a!)`) now hold values computed from
     // inputs that require grad: they get the error node too.
-    for (size_t i = 0; i < num_args; ++i) {
-      const auto& alias = schema.arguments()[i].alias_info();
-      if (!alias || !alias->isWrite()) continue;
-      for (const auto& t : written[i]) {
-        if (!t.defined() || !torch::autograd::isDifferentiableType(t.scalar_type())) continue;
-        TORCH_CHECK(!(t.is_leaf() && t.requires_grad()), schema.name(), ": argument '",
-                    schema.arguments()[i].name(),
-                    "' is a leaf tensor that requires grad, and the op writes it in place.");
-        torch::autograd::set_history(const_cast<at::Tensor&>(t), node);
-      }
+    for (auto& [i, t] : written) {
+      if (!t.defined() || !torch::autograd::isDifferentiableType(t.scalar_type())) continue;
+      TORCH_CHECK(!(t.is_leaf() && t.requires_grad()), schema.name(), ": argument '", schema.arguments()[i].name(),
+                  "' is a leaf tensor that requires grad, and the op writes it in place.");
+      torch::autograd::set_history(t, node);
     }
     const size_t num_returns = schema.returns().size();
     for (size_t i = stack->size() - num_returns; i < stack->size(); ++i) {
@@ -121,14 +116,6 @@ void InplaceKernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
   }
 }
 
-}  // namespace
-
-namespace detail {
-void WireStableAutograd(const LibraryOp& op);  // stable_autograd.cc
-}  // namespace detail
-
-namespace {
-
 // The no-backward kernels the torch layer gives the ops of C++ libraries, by op.
 std::mutex& LibraryKernelsMutex() {
   static std::mutex mu;
@@ -153,13 +140,8 @@ bool HasAutogradKernel(const c10::OperatorHandle& op) {
 void OnLibraryOp(const LibraryOp& lib_op) {
   auto op = c10::Dispatcher::singleton().findSchema({lib_op.name, ""});
   if (!op) return;
-  const auto& schema = op->schema();
-  bool mutates = false;
-  for (const auto& arg : schema.arguments()) {
-    mutates = mutates || (arg.alias_info() && arg.alias_info()->isWrite());
-  }
   std::lock_guard<std::mutex> lock(LibraryKernelsMutex());
-  if (mutates && !op->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView)) {
+  if (op->schema().is_mutable() && !op->hasKernelForDispatchKey(c10::DispatchKey::ADInplaceOrView)) {
     KeepForever(RegisterBoxed(lib_op.name, {c10::DispatchKey::ADInplaceOrView},
                               [] { return torch::CppFunction::makeFromBoxedFunction<&InplaceKernel<true>>(); }));
   }
@@ -190,8 +172,7 @@ bool DropNoBackwardKernel(const std::string& qualname) {
   return NoBackwardKernels().erase(qualname) > 0;
 }
 
-std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname,
-                                                             const std::string& message) {
+std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname, const std::string& message) {
   const bool mutates = c10::Dispatcher::singleton().findSchemaOrThrow(qualname.c_str(), "").schema().is_mutable();
   return RegisterBoxed(qualname, {c10::DispatchKey::Autograd}, [&] {
     return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<NoBackwardKernel>(message, mutates));

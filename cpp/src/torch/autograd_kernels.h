@@ -19,8 +19,7 @@ namespace opforge {
 // C++ kernel, as with torch's own autograd fallback.
 //
 //   auto reg = RegisterNoBackwardKernel("mylib::op", "mylib::op has no backward; ...");
-std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname,
-                                                             const std::string& message);
+std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname, const std::string& message);
 
 // The dispatch keys a kernel runs below, as the op's Autograd kernel sets
 // them (see RedispatchBelowAutograd): below autograd, and below ADInplaceOrView

@@ -5,6 +5,8 @@
 // stable_autograd.cc's. Kernel libraries compile none of torch's autograd.
 #include "opforge/backward.h"
 
+#include <algorithm>
+
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/stack.h>
 #include <c10/core/GradMode.h>
@@ -139,11 +141,8 @@ class BoxedAutogradKernel final : public c10::OperatorKernel {
 }  // namespace
 
 const std::vector<c10::DispatchKey>& AutogradRuntimeKeys() {
-  static const std::vector<c10::DispatchKey> keys = [] {
-    std::vector<c10::DispatchKey> out;
-    for (c10::DispatchKey key : c10::getRuntimeDispatchKeySet(c10::DispatchKey::Autograd)) out.push_back(key);
-    return out;
-  }();
+  static const c10::DispatchKeySet set = c10::getRuntimeDispatchKeySet(c10::DispatchKey::Autograd);
+  static const std::vector<c10::DispatchKey> keys(set.begin(), set.end());
   return keys;
 }
 
@@ -158,12 +157,8 @@ void PrepareAutogradOp(const std::string& qualified, std::optional<size_t> num_p
   for (const auto& arg : lowered->original.arguments) op.param_names.push_back(arg.name);
   for (size_t i = 0; i < lowered->leaves.size(); ++i) {
     const std::string& path = lowered->leaves[i].path;
-    const std::string top = path.substr(0, path.find('.'));
-    int param = 0;
-    for (size_t k = 0; k < op.param_names.size(); ++k) {
-      if (op.param_names[k] == top) param = static_cast<int>(k);
-    }
-    op.arg_param.push_back(param);
+    const auto param = std::find(op.param_names.begin(), op.param_names.end(), path.substr(0, path.find('.')));
+    op.arg_param.push_back(param == op.param_names.end() ? 0 : static_cast<int>(param - op.param_names.begin()));
     const Type& type = *lowered->flat.arguments[i].type;
     const bool one = type.kind == TypeKind::kTensor;
     op.arg_tensors.push_back(one ? kOneTensor : IsTensorLike(type) ? kSomeTensors : kNoTensor);
@@ -190,7 +185,9 @@ AutogradContext::AutogradContext(torch::autograd::AutogradContext* ctx, const de
                                  const int64_t* counts)
     : saved_data(ctx->saved_data), ctx_(ctx), op_(op), counts_(counts) {}
 
-void AutogradContext::save_for_backward(std::vector<at::Tensor> tensors) { ctx_->save_for_backward(std::move(tensors)); }
+void AutogradContext::save_for_backward(std::vector<at::Tensor> tensors) {
+  ctx_->save_for_backward(std::move(tensors));
+}
 
 std::vector<at::Tensor> AutogradContext::get_saved_variables() const { return ctx_->get_saved_variables(); }
 

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "core/libraries.h"
 #include "opforge/backward.h"
 #include "torch/registration.h"
 
@@ -15,5 +16,8 @@ namespace opforge::detail {
 // Registers the boxed Autograd kernel of `op` (a stable-ABI op's; the C++ API
 // mode registers its typed one, opforge/backward.h).
 std::unique_ptr<KernelRegistration> RegisterAutogradKernel(const std::string& qualified, const AutogradOp* op);
+
+// Wires a stable-ABI op's C++ backward (LibraryOp::torch_layer_autograd; stable_autograd.cc).
+void WireStableAutograd(const LibraryOp& lib_op);
 
 }  // namespace opforge::detail

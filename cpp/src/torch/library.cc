@@ -6,22 +6,20 @@
 namespace opforge::detail {
 namespace {
 
+// torch's errors without their C++ backtrace.
+std::string Describe(const std::exception& e) {
+  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+  return e.what();
+}
+
 template <class F>
 char* Catch(F&& f) {
   try {
     f();
     return nullptr;
-  } catch (const c10::Error& e) {
-    return Message(e.what_without_backtrace());
   } catch (const std::exception& e) {
-    return Message(e.what());
+    return Message(Describe(e));
   }
-}
-
-// torch's errors without their C++ backtrace.
-std::string Describe(const std::exception& e) {
-  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
-  return e.what();
 }
 
 }  // namespace

@@ -4,17 +4,6 @@
 #include <mutex>
 
 namespace opforge {
-namespace {
-
-class LibraryRegistration final : public KernelRegistration {
- public:
-  explicit LibraryRegistration(std::unique_ptr<torch::Library> lib) : lib_(std::move(lib)) {}
-
- private:
-  std::unique_ptr<torch::Library> lib_;  // a torch::Library undoes its registrations when destroyed
-};
-
-}  // namespace
 
 std::unique_ptr<KernelRegistration> RegisterBoxed(const std::string& qualname,
                                                   const std::vector<c10::DispatchKey>& keys,
@@ -24,7 +13,7 @@ std::unique_ptr<KernelRegistration> RegisterBoxed(const std::string& qualname,
                                               __FILE__, __LINE__);
   const std::string name = qualname.substr(sep + 2);
   for (c10::DispatchKey key : keys) lib->impl(name.c_str(), torch::dispatch(key, make_kernel()));
-  return std::make_unique<LibraryRegistration>(std::move(lib));
+  return std::make_unique<KernelRegistration>(std::move(lib));
 }
 
 void KeepForever(std::unique_ptr<KernelRegistration> registration) {

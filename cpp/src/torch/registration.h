@@ -18,7 +18,10 @@ namespace opforge {
 // Keeps kernels registered for as long as it lives.
 class KernelRegistration {
  public:
-  virtual ~KernelRegistration() = default;
+  explicit KernelRegistration(std::unique_ptr<torch::Library> lib) : lib_(std::move(lib)) {}
+
+ private:
+  std::unique_ptr<torch::Library> lib_;  // a torch::Library undoes its registrations when destroyed
 };
 
 // Registers `make_kernel()`, made anew for each key, as op `qualname`'s

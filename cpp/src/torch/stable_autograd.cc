@@ -37,7 +37,8 @@ void* Give(const at::Tensor& t) { return t.defined() ? new_tensor_handle(at::Ten
 std::vector<at::Tensor> FromHandles(void* const* handles, size_t n) {
   std::vector<at::Tensor> out;
   for (size_t i = 0; i < n; ++i) {
-    out.push_back(handles[i] ? *tensor_handle_to_tensor_pointer(static_cast<AtenTensorHandle>(handles[i])) : at::Tensor());
+    auto* handle = static_cast<AtenTensorHandle>(handles[i]);
+    out.push_back(handle ? *tensor_handle_to_tensor_pointer(handle) : at::Tensor());
   }
   return out;
 }
@@ -176,28 +177,24 @@ std::vector<at::Tensor> Backward(AutogradContext& ctx, const AutogradOp& op, std
   OpforgeAutogradCtxV1 table = CtxTable(self);
   Values gv{grad_values.data(), grad_values.size()};
   OpforgeValuesV1 grad_view = View(gv);
-  struct Out {
-    const AutogradOp* op;
-    const int64_t* counts;
-    std::vector<std::vector<at::Tensor>> per_arg;
-  } collected{&op, counts, std::vector<std::vector<at::Tensor>>(op.arg_tensors.size())};
-  for (size_t arg = 0; arg < collected.per_arg.size(); ++arg) collected.per_arg[arg].resize(op.Tensors(counts, arg));
+  using PerArg = std::vector<std::vector<at::Tensor>>;  // the gradients of each flat argument's tensors
+  PerArg per_arg(op.arg_tensors.size());
+  for (size_t arg = 0; arg < per_arg.size(); ++arg) per_arg[arg].resize(op.Tensors(counts, arg));
   OpforgeGradsV1 out{};
-  out.self = &collected;
+  out.self = &per_arg;
   out.count = [](void* s, size_t arg) -> size_t {
-    auto* c = static_cast<Out*>(s);
-    return arg < c->per_arg.size() ? c->per_arg[arg].size() : 0;
+    const PerArg& p = *static_cast<PerArg*>(s);
+    return arg < p.size() ? p[arg].size() : 0;
   };
-  out.set = [](void* s, size_t arg, size_t j, void* tensor) { static_cast<Out*>(s)->per_arg.at(arg).at(j) = Take(tensor); };
+  out.set = [](void* s, size_t arg, size_t j, void* tensor) { static_cast<PerArg*>(s)->at(arg).at(j) = Take(tensor); };
   if (char* error = Descriptor(op).backward(&table, &grad_view, &out)) Fail(op, error);
   std::vector<at::Tensor> result;
-  for (auto& tensors : collected.per_arg) result.insert(result.end(), tensors.begin(), tensors.end());
+  for (auto& tensors : per_arg) result.insert(result.end(), tensors.begin(), tensors.end());
   return result;
 }
 
 }  // namespace
 
-// Wires a stable-ABI op's C++ backward (LibraryOp::torch_layer_autograd).
 void WireStableAutograd(const LibraryOp& lib_op) {
   auto handle = c10::Dispatcher::singleton().findSchema({lib_op.name, ""});
   if (!handle) return;
