@@ -416,6 +416,16 @@ struct BadTimesGrad {
   }
 };
 
+// times's gradient, for an op defined without its kernel (def, then impl).
+struct TimesGrad {
+  static void setup_context(opforge::AutogradContext* ctx, const at::Tensor&, int64_t n, const at::Tensor&) {
+    ctx->saved_data["n"] = n;
+  }
+  static opforge::GradsFor<decltype(Times)> backward(opforge::AutogradContext* ctx, const at::Tensor& g) {
+    return {g * static_cast<double>(ctx->saved_data["n"].toInt()), opforge::NoGrad{}};
+  }
+};
+
 at::Tensor Update(const at::Tensor& x, const Inner& bufs) {
   bufs.t.add_(x);
   return x * 2;
@@ -433,6 +443,9 @@ class BackwardTest : public ::testing::Test {
       m.def("affine(Tensor x, grad_test.Cfg cfg) -> Tensor", &Affine).autograd<AffineGrad>();
       m.def("pair(Tensor x, int n, Tensor[] ys) -> (Tensor, Tensor)", &Pair).autograd<PairGrad>();
       m.def("times(Tensor x, int n) -> Tensor", &Times).autograd<BadTimesGrad>();
+      // Defined first, its kernel given apart: the backward names the kernel's signature.
+      m.def("scaled(Tensor x, int n) -> Tensor").autograd<TimesGrad, decltype(Times)>();
+      m.impl("scaled", c10::kCPU, &Times);
     });
     ASSERT_EQ(block->error(), "");
   }
@@ -501,6 +514,16 @@ TEST_F(BackwardTest, TupleOutputsAndTensorListParametersGetGradients) {
   EXPECT_DOUBLE_EQ(grads[0].item<double>(), 3.0 + 2 * 2.0);
   EXPECT_DOUBLE_EQ(grads[1].item<double>(), 1.0);
   EXPECT_DOUBLE_EQ(grads[2].item<double>(), 1.0);
+}
+
+TEST_F(BackwardTest, AnOpDefinedBeforeItsKernelTakesABackwardNamingTheKernelsSignature) {
+  auto op = c10::Dispatcher::singleton()
+                .findSchemaOrThrow("opforge_grad_test::scaled", "")
+                .typed<at::Tensor(const at::Tensor&, int64_t)>();
+  at::Tensor x = at::tensor({2.0, 3.0}).requires_grad_();
+  at::Tensor y = op.call(x, 3);
+  EXPECT_TRUE(at::allclose(y, at::tensor({6.0, 9.0})));
+  EXPECT_TRUE(at::allclose(torch::autograd::grad({y.sum()}, {x})[0], at::tensor({3.0, 3.0})));
 }
 
 TEST_F(BackwardTest, AGradientForANonTensorParameterIsAnError) {

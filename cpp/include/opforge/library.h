@@ -243,7 +243,7 @@ struct UnstableMode {
 using Library = detail::LibraryApi<detail::UnstableMode, detail::UnstableBackend>;
 using OpBuilder = detail::OpBuilderApi<detail::UnstableMode, detail::UnstableBackend>;
 template <class Sig>
-using TypedOpBuilder = detail::TypedOpBuilderApi<detail::UnstableMode, detail::UnstableBackend, Sig>;
+using TypedOpBuilder = detail::OpBuilderApi<detail::UnstableMode, detail::UnstableBackend, Sig>;
 
 namespace detail {
 

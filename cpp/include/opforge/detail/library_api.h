@@ -57,8 +57,10 @@ struct IsComplete : std::false_type {};
 template <class T>
 struct IsComplete<T, std::void_t<decltype(sizeof(T))>> : std::true_type {};
 
-// What `m.def(...)` returns: per-argument tags and a C++ backward.
-template <class Mode, class Backend>
+// What `m.def(...)` returns: per-argument tags and a C++ backward. From
+// `m.def(schema, &kernel)` it knows the kernel's signature `Sig`, so
+// `.autograd<G>()` needs nothing else.
+template <class Mode, class Backend, class Sig = void>
 class OpBuilderApi {
  public:
   OpBuilderApi(LibraryApi<Mode, Backend>& lib, std::string name) : lib_(lib), name_(std::move(name)) {}
@@ -72,41 +74,21 @@ class OpBuilderApi {
     return *this;
   }
   // Declares the op's backward, written against the kernel's C++ signature
-  // `Sig` (e.g. `at::Tensor(const at::Tensor&, const Cfg&)`); see
+  // `S` (e.g. `at::Tensor(const at::Tensor&, const Cfg&)`); see
   // opforge/backward.h and docs/cpp_ops.md#autograd-in-c.
-  template <class G, class Sig>
+  template <class G, class S = Sig>
   OpBuilderApi& autograd() {
-    lib_.template SetAutograd<G, Sig>(name_);
+    static_assert(!std::is_void_v<S>, "opforge: name the kernel's signature, .autograd<G, Signature>(), or define "
+                                      "the op with its kernel, m.def(schema, &kernel).autograd<G>().");
+    lib_.template SetAutograd<G, S>(name_);
     return *this;
   }
   // The op's name in its namespace ("rms_norm").
   const std::string& name() const { return name_; }
 
- protected:
+ private:
   LibraryApi<Mode, Backend>& lib_;
   std::string name_;
-};
-
-// What `m.def(schema, &kernel)` returns: it knows the kernel's signature, so
-// `.autograd<G>()` needs nothing else.
-template <class Mode, class Backend, class Sig>
-class TypedOpBuilderApi : public OpBuilderApi<Mode, Backend> {
- public:
-  using Base = OpBuilderApi<Mode, Backend>;
-  explicit TypedOpBuilderApi(Base builder) : Base(std::move(builder)) {}
-  TypedOpBuilderApi& symm_mem_args(const std::vector<std::string>& names) {
-    Base::symm_mem_args(names);
-    return *this;
-  }
-  TypedOpBuilderApi& arg_tag(const std::string& tag, const std::vector<std::string>& names) {
-    Base::arg_tag(tag, names);
-    return *this;
-  }
-  template <class G>
-  TypedOpBuilderApi& autograd() {
-    Base::template autograd<G, Sig>();
-    return *this;
-  }
 };
 
 template <class Mode, class Backend>
@@ -128,10 +110,10 @@ class LibraryApi {
   // from tracing through a kernel that reads data pointers
   // (docs/cpp_ops.md#what-mdef-with-a-kernel-means).
   template <class R, class... Args>
-  TypedOpBuilderApi<Mode, Backend, R(Args...)> def(const std::string& schema, R (*fn)(Args...)) {
-    OpBuilderApi<Mode, Backend> builder = def(schema);
+  OpBuilderApi<Mode, Backend, R(Args...)> def(const std::string& schema, R (*fn)(Args...)) {
+    OpBuilderApi<Mode, Backend, R(Args...)> builder(*this, plan_.AddOp(schema));
     AddKernel(builder.name(), "CompositeExplicitAutograd", fn);
-    return TypedOpBuilderApi<Mode, Backend, R(Args...)>(std::move(builder));
+    return builder;
   }
 
   // A kernel for this OPFORGE_LIBRARY_IMPL block's key; in an OPFORGE_LIBRARY

@@ -49,7 +49,7 @@ namespace opforge {
 using Library = detail::LibraryApi<detail::StableMode, detail::StableBackend>;
 using OpBuilder = detail::OpBuilderApi<detail::StableMode, detail::StableBackend>;
 template <class Sig>
-using TypedOpBuilder = detail::TypedOpBuilderApi<detail::StableMode, detail::StableBackend, Sig>;
+using TypedOpBuilder = detail::OpBuilderApi<detail::StableMode, detail::StableBackend, Sig>;
 }  // namespace opforge
 
 #include "opforge/stable/backward.h"
