@@ -19,14 +19,22 @@
 
 namespace opforge::detail {
 
+#ifdef OPFORGE_STABLE_ABI
+// The core for a library that links nothing of opforge: the one loaded
+// (import opforge), else the one its RUNPATH names; null when there is none.
+inline void* Core() {
+  void* core = dlopen("libopforge_core.so", RTLD_NOW | RTLD_NOLOAD);
+  return core ? core : dlopen("libopforge_core.so", RTLD_NOW | RTLD_GLOBAL);
+}
+#endif
+
 // The C surface, or null with `why` set when opforge is missing or older
 // than this library needs.
 inline const OpforgeAbiV1* FindAbi(std::string* why) {
   using Get = const void* (*)(uint32_t, uint32_t*);
   using Version = const char* (*)();
 #ifdef OPFORGE_STABLE_ABI
-  void* core = dlopen("libopforge_core.so", RTLD_NOW | RTLD_NOLOAD);
-  if (core == nullptr) core = dlopen("libopforge_core.so", RTLD_NOW | RTLD_GLOBAL);
+  void* core = Core();
   if (core == nullptr) {
     if (why) {
       *why = "opforge is not loaded and libopforge_core.so was not found; import opforge before "

@@ -144,7 +144,7 @@ class LibraryApi {
   // kernel of the block takes (kernels declare their own).
   template <class... T>
   LibraryApi& types() {
-    TypesOf<T...>::Declare(plan_.types());
+    (Node<T>::Declare(plan_.types()), ...);
     return *this;
   }
 

@@ -418,16 +418,6 @@ inline constexpr size_t kParamOffset = LeafOffset<K, ParamNode<Args>::kCount...>
 template <class... Args>
 inline constexpr size_t kLeafCount = (size_t{0} + ... + ParamNode<Args>::kCount);
 
-// A struct return: its fields in order.
-template <class R, class = void>
-struct ReturnNode {
-  static void Declare(TypeDecls&) {}
-};
-template <class S>
-struct ReturnNode<S, std::enable_if_t<kIsStruct<S>>> {
-  static void Declare(TypeDecls& decls) { StructNode<S>::Declare(decls); }
-};
-
 // ---------------------------------------------------------------------------
 // Returns: a struct returns as a tuple of its fields.
 
@@ -452,19 +442,12 @@ struct IsStdTupleOf : std::false_type {};
 template <class... T>
 struct IsStdTupleOf<std::tuple<T...>> : std::true_type {};
 
-// The types a kernel `R(Args...)` needs declared.
+// The types a kernel `R(Args...)` needs declared: its parameters', and a struct return's.
 template <class R, class... Args>
 void DeclareKernelTypes(TypeDecls& decls) {
   (ParamNode<Args>::Declare(decls), ...);
-  ReturnNode<std::remove_cv_t<std::remove_reference_t<R>>>::Declare(decls);
+  if constexpr (kIsStruct<std::decay_t<R>>) StructNode<std::decay_t<R>>::Declare(decls);
 }
-
-// Registers the struct and enum types T (and what they contain) with a
-// library block: for schemas that name a type no kernel of the block takes.
-template <class... T>
-struct TypesOf {
-  static void Declare(TypeDecls& decls) { (Node<T>::Declare(decls), ...); }
-};
 
 }  // namespace detail
 }  // namespace opforge

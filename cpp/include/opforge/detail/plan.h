@@ -150,9 +150,9 @@ class LibraryPlan {
 
   void Report(const std::string& message) const {
 #ifdef OPFORGE_STABLE_ABI
-    using Report = void (*)(const char*, const char*);
-    void* core = dlopen("libopforge_core.so", RTLD_NOW | RTLD_NOLOAD);
-    auto report = core ? reinterpret_cast<Report>(dlsym(core, "opforge_report_load_error")) : nullptr;
+    void* core = Core();
+    using ReportFn = decltype(&opforge_report_load_error);
+    auto report = core ? reinterpret_cast<ReportFn>(dlsym(core, "opforge_report_load_error")) : nullptr;
     if (report) {
       report(dso_.c_str(), message.c_str());
     } else {
