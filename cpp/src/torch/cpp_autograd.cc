@@ -1,9 +1,9 @@
 // The autograd of C++ ops with a C++ backward, the same for both ABIs: one
 // boxed Autograd kernel and one graph node (a torch::autograd::Function). An
-// op's backward reaches them as an AutogradOp (opforge/backward.h): typed
-// callbacks in the C++ API mode, the stable ABI's descriptor behind
+// op's backward reaches them as an AutogradOp (opforge/detail/autograd_op.h):
+// typed callbacks in the C++ API mode, the stable ABI's descriptor behind
 // stable_autograd.cc's. Kernel libraries compile none of torch's autograd.
-#include "opforge/backward.h"
+#include "opforge/detail/autograd_op.h"
 
 #include <algorithm>
 

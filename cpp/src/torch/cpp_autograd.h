@@ -8,7 +8,7 @@
 #include <string>
 
 #include "core/libraries.h"
-#include "opforge/backward.h"
+#include "opforge/detail/autograd_op.h"
 #include "torch/registration.h"
 
 namespace opforge::detail {

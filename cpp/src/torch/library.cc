@@ -12,16 +12,6 @@ std::string Describe(const std::exception& e) {
   return e.what();
 }
 
-template <class F>
-char* Catch(F&& f) {
-  try {
-    f();
-    return nullptr;
-  } catch (const std::exception& e) {
-    return Message(Describe(e));
-  }
-}
-
 }  // namespace
 
 std::string KeyName(c10::DeviceType device) {
@@ -32,18 +22,18 @@ std::string KeyName(c10::DeviceType device) {
 std::string KeyName(c10::DispatchKey key) { return c10::toString(key); }
 
 char* UnstableBackend::Def(const char* schema) {
-  return Catch([&] { lib_->def(schema); });
+  return Catch([&] { lib_->def(schema); }, &Describe);
 }
 
 char* UnstableBackend::Impl(const char* op, const char* key, void* kernel) {
   return Catch([&] {
     auto* fn = static_cast<torch::CppFunction*>(kernel);
     lib_->impl(op, torch::dispatch(c10::parseDispatchKey(key), std::move(*fn)));
-  });
+  }, &Describe);
 }
 
 char* UnstableBackend::Autograd(const char* qualified, void* registrar) {
-  return Catch([&] { reinterpret_cast<AutogradRegistrarFn>(registrar)(*lib_, qualified); });
+  return Catch([&] { reinterpret_cast<AutogradRegistrarFn>(registrar)(*lib_, qualified); }, &Describe);
 }
 
 void UnstableBackend::Warn(const char* message) { TORCH_WARN(message); }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstring>
+#include <exception>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -35,6 +36,20 @@ class LibraryApi;
 
 // A backend's error for the C surface: a message it frees.
 inline char* Message(const std::string& text) { return strdup(text.c_str()); }
+
+inline std::string What(const std::exception& e) { return e.what(); }
+
+// Runs `f` for the C surface: null, or the Message of what it threw
+// (`describe` gives an exception's text).
+template <class F>
+char* Catch(F&& f, std::string (*describe)(const std::exception&) = &What) {
+  try {
+    f();
+    return nullptr;
+  } catch (const std::exception& e) {
+    return Message(describe(e));
+  }
+}
 
 // The C surface's table (opforge/abi.h) of a backend B, whose members Def,
 // Impl, Autograd, Rollback and Warn it calls.

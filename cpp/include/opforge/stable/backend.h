@@ -115,7 +115,7 @@ class LibraryInit {
               const char* file, uint32_t line)
       : backend_(ns, impl_key, file, line) {
     LibraryPlan plan(ns, impl_key, file, line, reinterpret_cast<const void*>(init), "stable", TORCH_TARGET_VERSION);
-    error_ = RunBlock(plan, backend_, init, [](const std::exception& e) { return std::string(e.what()); });
+    error_ = RunBlock(plan, backend_, init, &What);
   }
   const std::string& error() const { return error_; }
 

@@ -8,8 +8,6 @@
 // every torch. Included by opforge/stable/library.h.
 #pragma once
 
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <string>
 #include <variant>
@@ -17,6 +15,7 @@
 
 #include "opforge/abi.h"
 #include "opforge/detail/grads.h"
+#include "opforge/detail/library_api.h"
 #include "opforge/detail/reader.h"
 
 namespace opforge {
@@ -145,8 +144,6 @@ struct ViewSlots {
 
 using SavedData = std::map<std::string, SavedValue>;
 
-inline char* ErrorMessage(const std::string& text) { return strdup(text.c_str()); }
-
 template <class G, class Sig>
 struct StableAutograd;
 
@@ -165,7 +162,7 @@ struct StableAutograd<G, R(Args...)> {
 
   static char* Setup(const OpforgeAutogradCtxV1* ctx, const OpforgeValuesV1* inputs,
                      const OpforgeValuesV1* outputs) {
-    try {
+    return Catch([&] {
       auto* data = new SavedData();
       ctx->set_state(ctx->self, data, [](void* p) { delete static_cast<SavedData*>(p); });
       if constexpr (HasSetupContext<G>::value) {
@@ -175,14 +172,11 @@ struct StableAutograd<G, R(Args...)> {
         auto out = ReadResults<typename Out::Flat, ViewSlots>(*outputs);
         std::apply([&](auto&... p) { G::setup_context(&c, p..., Out::Original(out)); }, params);
       }
-      return nullptr;
-    } catch (const std::exception& e) {
-      return ErrorMessage(e.what());
-    }
+    });
   }
 
   static char* Backward(const OpforgeAutogradCtxV1* ctx, const OpforgeValuesV1* grads, const OpforgeGradsV1* out) {
-    try {
+    return Catch([&] {
       auto* data = static_cast<SavedData*>(ctx->state(ctx->self));
       SavedData empty;
       AutogradContext c(ctx, data ? *data : empty);
@@ -198,10 +192,7 @@ struct StableAutograd<G, R(Args...)> {
             TORCH_ERROR_CODE_CHECK(aoti_torch_new_tensor_handle(g.get(), &h));
             out->set(out->self, i, j, h);
           });
-      return nullptr;
-    } catch (const std::exception& e) {
-      return ErrorMessage(e.what());
-    }
+    });
   }
 
   static constexpr OpforgeStableAutogradV1 kDescriptor = {sizeof(OpforgeStableAutogradV1), &Setup, &Backward};
