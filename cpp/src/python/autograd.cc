@@ -27,6 +27,7 @@
 #include "python/boundary.h"
 #include "torch/autograd_kernels.h"
 #include "torch/cpp_autograd.h"
+#include "torch/ivalues.h"
 #include "torch/nodes.h"
 #include "torch/registration.h"
 
@@ -593,15 +594,14 @@ PyGetSetDef kCtxGetSet[] = {
 
 // --- the forward --------------------------------------------------------------------
 
-// A call's flat returns as the node's outputs: per flat return how many
-// entries it gave (a Tensor[] its length, anything else 1), per entry the
-// tensor autograd sees (none for a non-tensor return or a None item) and,
-// for the eager call, its Python object.
+// The body's flat return values as the node's outputs (FlatReturns is the
+// dispatcher's form): per flat return how many entries it gave (a Tensor[]
+// its length, anything else 1), per entry the tensor autograd sees (none for
+// a non-tensor return or a None item) and its Python object.
 struct FlatOutputs {
   OptionalVariables raw;
   c10::SmallVector<PyObject*, 8> objects;
 
-  // From the body's flat return values.
   FlatOutputs(OpNode& node, const GradBridge& b, PyObject* const* flat) {
     for (size_t r = 0; r < b.returns().size(); ++r) {
       const bool list = b.returns()[r] == GradBridge::ReturnKind::kTensorList && flat[r] != Py_None;
@@ -614,24 +614,6 @@ struct FlatOutputs {
         objects.push_back(tensor ? item : nullptr);
       }
     }
-  }
-
-  // From the dispatcher's returns.
-  FlatOutputs(OpNode& node, const GradBridge& b, const c10::IValue* returns) {
-    for (size_t r = 0; r < b.returns().size(); ++r) {
-      const c10::IValue& v = returns[r];
-      if (b.returns()[r] == GradBridge::ReturnKind::kTensorList && v.isList()) {
-        node.AddReturnCount(static_cast<int32_t>(v.toListRef().size()));
-        for (const c10::IValue& item : v.toListRef()) raw.emplace_back(Tensor(item));
-      } else {
-        node.AddReturnCount(1);
-        raw.emplace_back(b.returns()[r] == GradBridge::ReturnKind::kTensor ? Tensor(v) : std::nullopt);
-      }
-    }
-  }
-
-  static std::optional<Variable> Tensor(const c10::IValue& v) {
-    return v.isTensor() ? std::optional<Variable>(v.toTensor()) : std::nullopt;
   }
 };
 
@@ -803,36 +785,24 @@ class AutogradKernel : public c10::OperatorKernel {
     }
     const size_t nrets = b.returns().size();
     c10::IValue* returns = stack->data() + (stack->size() - nrets);
-    FlatOutputs outputs(*node, b, returns);
+    FlatReturns flat;
+    OptionalVariables raw;
+    auto is_list = [&](size_t r) { return b.returns()[r] == GradBridge::ReturnKind::kTensorList; };
+    for (at::Tensor& t : flat.Expand(returns, nrets, is_list)) {
+      raw.emplace_back(t.defined() ? std::optional<Variable>(std::move(t)) : std::nullopt);
+    }
+    for (size_t r = 0; r < nrets; ++r) node->AddReturnCount(flat.count(r));
     OptionalVariables wrapped;
     if (setup.fn != nullptr) {
       py::gil_scoped_acquire gil;
       RunSetupContext(*node, setup.fn, args, returns);
-      wrapped = node->Finish(inputs, outputs.raw);
+      wrapped = node->Finish(inputs, raw);
     } else {
-      wrapped = node->Finish(inputs, outputs.raw);
+      wrapped = node->Finish(inputs, raw);
     }
-    size_t e = 0;
-    for (size_t r = 0; r < nrets; ++r) {
-      c10::IValue& v = returns[r];
-      const int32_t count = node->return_count(r);
-      if (b.returns()[r] == GradBridge::ReturnKind::kTensorList && v.isList()) {
-        if (v.isTensorList()) {
-          c10::List<at::Tensor> list;
-          list.reserve(static_cast<size_t>(count));
-          for (int32_t i = 0; i < count; ++i, ++e) list.push_back(wrapped[e].has_value() ? *wrapped[e] : at::Tensor());
-          v = std::move(list);
-        } else {
-          c10::List<std::optional<at::Tensor>> list;
-          list.reserve(static_cast<size_t>(count));
-          for (int32_t i = 0; i < count; ++i, ++e) list.push_back(wrapped[e]);
-          v = std::move(list);
-        }
-        continue;
-      }
-      if (wrapped[e].has_value()) v = *wrapped[e];
-      ++e;
-    }
+    std::vector<at::Tensor> outputs;
+    for (auto& t : wrapped) outputs.push_back(t.has_value() ? std::move(*t) : at::Tensor());
+    flat.Collapse(returns, std::move(outputs));
   }
 
   // setup_context(ctx, original inputs, original output), inputs and output

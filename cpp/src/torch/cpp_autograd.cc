@@ -127,7 +127,7 @@ class BoxedAutogradKernel final : public c10::OperatorKernel {
       }
       const c10::IValue* out = stack->data() + (stack->size() - num_returns);
       if (op.setup) op.setup(ctx, op, args.data(), out);
-      return returns.Expand(out, num_returns);
+      return returns.Expand(out, num_returns, [](size_t) { return true; });
     };
     std::vector<at::Tensor> outputs = ApplyAutograd(op, inputs, counts, forward);
     // The returns, now with their history, in place of the ones without.
