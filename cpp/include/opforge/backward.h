@@ -166,7 +166,9 @@ struct AutogradRegistrar<G, R(Args...)> {
     auto handle = c10::Dispatcher::singleton()
                       .findSchemaOrThrow(qualified.c_str(), "")
                       .template typed<typename Kernel::Signature>();
-    for (c10::DispatchKey key : AutogradRuntimeKeys()) lib.impl(qualified.c_str(), torch::dispatch(key, Kernel{op, handle}));
+    for (c10::DispatchKey key : AutogradRuntimeKeys()) {
+      lib.impl(qualified.c_str(), torch::dispatch(key, Kernel{op, handle}));
+    }
   }
 };
 

@@ -116,7 +116,8 @@ struct FlatOf {
 template <class S, bool InOptional>
 struct FlatOf<S, InOptional, std::enable_if_t<kIsStruct<S>>> {
   template <size_t... J>
-  static auto Of(std::index_sequence<J...>) -> typename Concat<typename FlatOf<FieldType<S, J>, InOptional>::type...>::type;
+  static auto Of(std::index_sequence<J...>) ->
+      typename Concat<typename FlatOf<FieldType<S, J>, InOptional>::type...>::type;
   using type = decltype(Of(std::make_index_sequence<kNumFields<S>>{}));
 };
 template <class S, bool InOptional>
@@ -232,7 +233,8 @@ struct UnstableMode {
   static void SetAutograd(LibraryPlan& plan, const std::string& op) {
     static_assert(IsComplete<AutogradRegistrar<G, Sig>>::value,
                   "opforge: include <opforge/backward.h> to declare a C++ backward.");
-    plan.SetAutograd(op, reinterpret_cast<void*>(static_cast<AutogradRegistrarFn>(&AutogradRegistrar<G, Sig>::Register)));
+    AutogradRegistrarFn registrar = &AutogradRegistrar<G, Sig>::Register;
+    plan.SetAutograd(op, reinterpret_cast<void*>(registrar));
   }
   static std::string Key(const std::string&, c10::DeviceType device) { return KeyName(device); }
   static std::string Key(const std::string&, c10::DispatchKey key) { return KeyName(key); }

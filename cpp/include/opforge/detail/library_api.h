@@ -58,7 +58,7 @@ OpforgeBackendV1 BackendTable(B* backend) {
   OpforgeBackendV1 t{};
   t.ctx = backend;
   t.def = [](void* b, const char* schema) { return static_cast<B*>(b)->Def(schema); };
-  t.impl = [](void* b, const char* op, const char* key, void* kernel) { return static_cast<B*>(b)->Impl(op, key, kernel); };
+  t.impl = [](void* b, const char* op, const char* key, void* fn) { return static_cast<B*>(b)->Impl(op, key, fn); };
   t.autograd = [](void* b, const char* op, void* autograd) { return static_cast<B*>(b)->Autograd(op, autograd); };
   t.rollback = [](void* b) { static_cast<B*>(b)->Rollback(); };
   t.warn = [](void* b, const char* message) { static_cast<B*>(b)->Warn(message); };

@@ -227,7 +227,8 @@ class TypeDecls {
     for (const auto& d : decls_) {
       fields_.emplace_back();
       for (const auto& f : d.fields) {
-        fields_.back().push_back({f.name.c_str(), f.type.c_str(), f.default_value ? f.default_value->c_str() : nullptr});
+        const char* default_text = f.default_value ? f.default_value->c_str() : nullptr;
+        fields_.back().push_back({f.name.c_str(), f.type.c_str(), default_text});
       }
       members_.emplace_back();
       for (const auto& m : d.members) members_.back().push_back(m.c_str());

@@ -144,7 +144,8 @@ class LibraryPlan {
 
   std::string Where() const {
     std::string where = dso_.empty() ? "" : dso_.substr(dso_.rfind('/') + 1) + ": ";
-    where += impl_key_.empty() ? "OPFORGE_LIBRARY(" + ns_ + ")" : "OPFORGE_LIBRARY_IMPL(" + ns_ + ", " + impl_key_ + ")";
+    where += impl_key_.empty() ? "OPFORGE_LIBRARY(" + ns_ + ")"
+                               : "OPFORGE_LIBRARY_IMPL(" + ns_ + ", " + impl_key_ + ")";
     return where + " at " + file_ + ":" + std::to_string(line_);
   }
 

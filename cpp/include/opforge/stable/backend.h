@@ -48,7 +48,7 @@ class StableBackend {
     return Check(torch_library_impl(lib, op, reinterpret_cast<BoxedKernel>(kernel), TORCH_ABI_VERSION));
   }
 
-  char* Autograd(const char*, void*) { return Message("a stable-ABI library's backward is wired by opforge's torch layer"); }
+  char* Autograd(const char*, void*) { return Message("a stable-ABI backward is wired by opforge's torch layer"); }
 
   // Deletes every library object, so everything they registered is undone.
   void Rollback() {
