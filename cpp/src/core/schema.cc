@@ -54,6 +54,22 @@ const char* LeafName(TypeKind kind, bool annotation) {
   }
 }
 
+// The composite kinds as `Name(...)` in a schema and `Name[...]` in an
+// annotation; a schema writes a tuple as a bare `(...)`.
+const char* CompositeName(TypeKind kind) {
+  switch (kind) {
+    case TypeKind::kList: return "List";
+    case TypeKind::kOptional: return "Optional";
+    case TypeKind::kTuple: return "Tuple";
+    case TypeKind::kDict: return "Dict";
+    case TypeKind::kFuture: return "Future";
+    case TypeKind::kRRef: return "RRef";
+    case TypeKind::kAwait: return "Await";
+    case TypeKind::kUnion: return "Union";
+    default: return nullptr;
+  }
+}
+
 std::string JoinTypes(const std::vector<TypePtr>& types, bool annotation) {
   std::string out;
   for (size_t i = 0; i < types.size(); ++i) {
@@ -88,11 +104,9 @@ void AppendQuoted(std::string& out, const std::string& text, bool definable = fa
           // print the way torch prints them.
           char buf[4] = "000";
           signed char s = static_cast<signed char>(c);
-          buf[2] = static_cast<char>(buf[2] + s % 8);
-          s = static_cast<signed char>(s / 8);
-          buf[1] = static_cast<char>(buf[1] + s % 8);
-          s = static_cast<signed char>(s / 8);
-          buf[0] = static_cast<char>(buf[0] + s);
+          for (int k = 2; k >= 0; --k, s = static_cast<signed char>(s / 8)) {
+            buf[k] = static_cast<char>(buf[k] + (k ? s % 8 : s));
+          }
           out += '\\';
           out += buf;
         }
@@ -161,8 +175,7 @@ void AppendValue(std::string& out, const Value& v, bool quote_strings) {
       out += "{";
       for (size_t i = 0; i < v.items.size(); ++i) {
         if (i) out += ", ";
-        out += v.names[i];
-        out += "=";
+        out += v.names[i] + "=";
         AppendValue(out, v.items[i], /*quote_strings=*/true);
       }
       out += "}";
@@ -198,9 +211,7 @@ void AppendType(std::string& out, const Type& type) {
       out += type.name;
       return;
     case TypeKind::kHandle:
-      out += "Handle(";
-      out += type.name;
-      out += ")";
+      out += "Handle(" + type.name + ")";
       return;
     case TypeKind::kLiteral:
       out += "Literal";
@@ -214,21 +225,9 @@ void AppendType(std::string& out, const Type& type) {
       AppendType(out, type.element());
       out += "?";
       return;
-    default: {
-      const char* open = type.kind == TypeKind::kTuple    ? "("
-                         : type.kind == TypeKind::kDict   ? "Dict("
-                         : type.kind == TypeKind::kFuture ? "Future("
-                         : type.kind == TypeKind::kRRef   ? "RRef("
-                         : type.kind == TypeKind::kAwait  ? "Await("
-                         : type.kind == TypeKind::kUnion  ? "Union("
-                                                          : "?(";
-      out += open;
-      for (size_t i = 0; i < type.elements.size(); ++i) {
-        if (i) out += ", ";
-        AppendType(out, *type.elements[i]);
-      }
-      out += ")";
-    }
+    default:
+      if (type.kind != TypeKind::kTuple) out += CompositeName(type.kind);
+      out += "(" + JoinTypes(type.elements, /*annotation=*/false) + ")";
   }
 }
 
@@ -254,8 +253,8 @@ void AppendDefault(std::string& out, const Value& value, const Type& type, bool 
   } else if (type.kind == TypeKind::kList && type.element().kind == TypeKind::kInt &&
              value.kind == Value::Kind::kList && value.items.size() > 1) {
     // torch writes `int[2] stride=1` rather than `int[2] stride=[1, 1]`.
-    bool same = true;
-    for (const auto& item : value.items) same = same && item == value.items[0];
+    const bool same = std::all_of(value.items.begin(), value.items.end(),
+                                  [&](const Value& item) { return item == value.items[0]; });
     AppendValue(out, same ? value.items[0] : value, false);
   } else {
     AppendValue(out, value, false);
@@ -279,10 +278,7 @@ void AppendArgument(std::string& out, const Argument& arg, bool definable = fals
   }
   if (arg.alias_info && !arg.alias_info->before_sets.empty()) AppendAlias(out, *arg.alias_info);
   if (is_opt) out += "?";
-  if (!arg.name.empty()) {
-    out += " ";
-    out += arg.name;
-  }
+  if (!arg.name.empty()) out += " " + arg.name;
   if (arg.default_value) {
     out += "=";
     AppendDefault(out, *arg.default_value, type, definable);
@@ -292,12 +288,7 @@ void AppendArgument(std::string& out, const Argument& arg, bool definable = fals
 std::string PrintSchema(const FunctionSchema& schema, bool definable) {
   std::string out;
   out.reserve(128);
-  out += schema.name;
-  if (!schema.overload.empty()) {
-    out += ".";
-    out += schema.overload;
-  }
-  out += "(";
+  out += schema.qualified_name() + "(";
   bool seen_kwarg_only = false;
   for (size_t i = 0; i < schema.arguments.size(); ++i) {
     if (i > 0) out += ", ";
@@ -307,27 +298,21 @@ std::string PrintSchema(const FunctionSchema& schema, bool definable) {
     }
     AppendArgument(out, schema.arguments[i], definable);
   }
-  if (schema.is_vararg) {
-    if (!schema.arguments.empty()) out += ", ";
-    out += "...";
-  }
+  if (schema.is_vararg) out += schema.arguments.empty() ? "..." : ", ...";
   out += ") -> ";
   const auto& returns = schema.returns;
-  bool need_paren = !((returns.size() == 1 && !schema.is_varret) || (returns.empty() && schema.is_varret));
   std::string rets;
   for (size_t i = 0; i < returns.size(); ++i) {
     if (i > 0) rets += ", ";
     AppendArgument(rets, returns[i]);
   }
-  // A single return that itself starts with '(' (a tuple type) needs
-  // parentheses, or it would read as the return list.
-  if (returns.size() == 1 && !schema.is_varret && !rets.empty() && rets.front() == '(') need_paren = true;
+  if (schema.is_varret) rets += returns.empty() ? "..." : ", ...";
+  // One return, or `...` alone, goes without parentheses, unless it starts
+  // with '(' (a tuple type) and would read as the return list.
+  const bool alone = (returns.size() == 1 && !schema.is_varret) || (returns.empty() && schema.is_varret);
+  const bool need_paren = !alone || rets.front() == '(';
   if (need_paren) out += "(";
   out += rets;
-  if (schema.is_varret) {
-    if (!returns.empty()) out += ", ";
-    out += "...";
-  }
   if (need_paren) out += ")";
   return out;
 }
@@ -444,17 +429,10 @@ std::string TypeStr(const Type& type) { return Printed(AppendType, type); }
 
 std::string AnnotationStr(const Type& type) {
   if (const char* leaf = LeafName(type.kind, true)) return leaf;
-  switch (type.kind) {
-    case TypeKind::kList: return "List[" + AnnotationStr(type.element()) + "]";
-    case TypeKind::kOptional: return "Optional[" + AnnotationStr(type.element()) + "]";
-    case TypeKind::kTuple: return "Tuple[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kDict: return "Dict[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kFuture: return "Future[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kRRef: return "RRef[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kAwait: return "Await[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kUnion: return "Union[" + JoinTypes(type.elements, true) + "]";
-    default: return TypeStr(type);
+  if (const char* composite = CompositeName(type.kind)) {
+    return std::string(composite) + "[" + JoinTypes(type.elements, /*annotation=*/true) + "]";
   }
+  return TypeStr(type);
 }
 
 TypePtr LeafType(std::string_view name) {
