@@ -24,50 +24,31 @@ Value Make(Value::Kind kind, T Value::*member, T v) {
   return out;
 }
 
-const char* LeafName(TypeKind kind, bool annotation) {
-  switch (kind) {
-    case TypeKind::kTensor: return "Tensor";
-    case TypeKind::kInt: return "int";
-    case TypeKind::kSymInt: return annotation ? "int" : "SymInt";
-    case TypeKind::kFloat: return "float";
-    case TypeKind::kBool: return "bool";
-    case TypeKind::kSymBool: return annotation ? "bool" : "SymBool";
-    case TypeKind::kStr: return "str";
-    case TypeKind::kComplex: return "complex";
-    case TypeKind::kScalar: return annotation ? "number" : "Scalar";
-    case TypeKind::kScalarType: return "ScalarType";
-    case TypeKind::kLayout: return "Layout";
-    case TypeKind::kMemoryFormat: return "MemoryFormat";
-    case TypeKind::kDevice: return "Device";
-    case TypeKind::kGenerator: return "Generator";
-    case TypeKind::kStorage: return "Storage";
-    case TypeKind::kStream: return "Stream";
-    case TypeKind::kQScheme: return "QScheme";
-    case TypeKind::kQuantizer: return "Quantizer";
-    case TypeKind::kCapsule: return "Capsule";
-    case TypeKind::kAny: return "Any";
-    case TypeKind::kAnyClass: return "AnyClassType";
-    case TypeKind::kAnyEnum: return "AnyEnumType";
-    case TypeKind::kPyObject: return "PyObject";
-    case TypeKind::kNone: return "NoneType";
-    default: return nullptr;
-  }
-}
+using K = TypeKind;
+using KindNames = std::pair<TypeKind, const char*>;
+
+// The leaf kinds as a schema writes them.
+constexpr KindNames kLeafNames[] = {
+    {K::kTensor, "Tensor"}, {K::kInt, "int"}, {K::kSymInt, "SymInt"}, {K::kFloat, "float"}, {K::kBool, "bool"},
+    {K::kSymBool, "SymBool"}, {K::kStr, "str"}, {K::kComplex, "complex"}, {K::kScalar, "Scalar"},
+    {K::kScalarType, "ScalarType"}, {K::kLayout, "Layout"}, {K::kMemoryFormat, "MemoryFormat"},
+    {K::kDevice, "Device"}, {K::kGenerator, "Generator"}, {K::kStorage, "Storage"}, {K::kStream, "Stream"},
+    {K::kQScheme, "QScheme"}, {K::kQuantizer, "Quantizer"}, {K::kCapsule, "Capsule"}, {K::kAny, "Any"},
+    {K::kAnyClass, "AnyClassType"}, {K::kAnyEnum, "AnyEnumType"}, {K::kPyObject, "PyObject"}, {K::kNone, "NoneType"},
+};
 
 // The composite kinds as `Name(...)` in a schema and `Name[...]` in an
 // annotation; a schema writes a tuple as a bare `(...)`.
-const char* CompositeName(TypeKind kind) {
-  switch (kind) {
-    case TypeKind::kList: return "List";
-    case TypeKind::kOptional: return "Optional";
-    case TypeKind::kTuple: return "Tuple";
-    case TypeKind::kDict: return "Dict";
-    case TypeKind::kFuture: return "Future";
-    case TypeKind::kRRef: return "RRef";
-    case TypeKind::kAwait: return "Await";
-    case TypeKind::kUnion: return "Union";
-    default: return nullptr;
-  }
+constexpr KindNames kCompositeNames[] = {
+    {K::kList, "List"}, {K::kOptional, "Optional"}, {K::kTuple, "Tuple"}, {K::kDict, "Dict"},
+    {K::kFuture, "Future"}, {K::kRRef, "RRef"}, {K::kAwait, "Await"}, {K::kUnion, "Union"},
+};
+
+// The name `kind` has in `names`, or nullptr.
+template <size_t N>
+const char* NameIn(const KindNames (&names)[N], TypeKind kind) {
+  auto it = std::find_if(std::begin(names), std::end(names), [&](const KindNames& n) { return n.first == kind; });
+  return it == std::end(names) ? nullptr : it->second;
 }
 
 std::string JoinTypes(const std::vector<TypePtr>& types, bool annotation) {
@@ -199,7 +180,7 @@ void AppendSets(std::string& out, const std::vector<std::string>& sets) {
 }
 
 void AppendType(std::string& out, const Type& type) {
-  if (const char* leaf = LeafName(type.kind, false)) {
+  if (const char* leaf = NameIn(kLeafNames, type.kind)) {
     out += leaf;
     return;
   }
@@ -226,7 +207,7 @@ void AppendType(std::string& out, const Type& type) {
       out += "?";
       return;
     default:
-      if (type.kind != TypeKind::kTuple) out += CompositeName(type.kind);
+      if (type.kind != TypeKind::kTuple) out += NameIn(kCompositeNames, type.kind);
       out += "(" + JoinTypes(type.elements, /*annotation=*/false) + ")";
   }
 }
@@ -428,17 +409,20 @@ bool operator==(const Type& a, const Type& b) {
 std::string TypeStr(const Type& type) { return Printed(AppendType, type); }
 
 std::string AnnotationStr(const Type& type) {
-  if (const char* leaf = LeafName(type.kind, true)) return leaf;
-  if (const char* composite = CompositeName(type.kind)) {
+  // Python's names for the symbolic and Scalar types.
+  if (type.kind == TypeKind::kSymInt) return "int";
+  if (type.kind == TypeKind::kSymBool) return "bool";
+  if (type.kind == TypeKind::kScalar) return "number";
+  if (const char* leaf = NameIn(kLeafNames, type.kind)) return leaf;
+  if (const char* composite = NameIn(kCompositeNames, type.kind)) {
     return std::string(composite) + "[" + JoinTypes(type.elements, /*annotation=*/true) + "]";
   }
   return TypeStr(type);
 }
 
 TypePtr LeafType(std::string_view name) {
-  for (int k = 0; k <= static_cast<int>(TypeKind::kHandle); ++k) {
-    const char* leaf = LeafName(static_cast<TypeKind>(k), /*annotation=*/false);
-    if (leaf && name == leaf) return Type::Get(static_cast<TypeKind>(k));
+  for (const auto& [kind, leaf] : kLeafNames) {
+    if (name == leaf) return Type::Get(kind);
   }
   return nullptr;
 }
