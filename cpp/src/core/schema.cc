@@ -145,22 +145,18 @@ void AppendValue(std::string& out, const Value& v, bool quote_strings) {
       break;
     case Value::Kind::kDevice: out += v.s; break;
     case Value::Kind::kList:
-      out += "[";
+    case Value::Kind::kStruct: {
+      // A struct default prints as `{name=value, ...}`, its strings quoted.
+      const bool is_struct = v.kind == Value::Kind::kStruct;
+      out += is_struct ? "{" : "[";
       for (size_t i = 0; i < v.items.size(); ++i) {
         if (i) out += ", ";
-        AppendValue(out, v.items[i], quote_strings);
+        if (is_struct) out += v.names[i] + "=";
+        AppendValue(out, v.items[i], quote_strings || is_struct);
       }
-      out += "]";
+      out += is_struct ? "}" : "]";
       break;
-    case Value::Kind::kStruct:
-      out += "{";
-      for (size_t i = 0; i < v.items.size(); ++i) {
-        if (i) out += ", ";
-        out += v.names[i] + "=";
-        AppendValue(out, v.items[i], /*quote_strings=*/true);
-      }
-      out += "}";
-      break;
+    }
   }
 }
 
