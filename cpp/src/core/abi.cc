@@ -3,6 +3,7 @@
 // them with torch through its own backend, all or nothing.
 #include "opforge/abi.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -219,11 +220,9 @@ class Commit {
     for (size_t i = 0; i < lib_.num_tags; ++i) {
       const OpforgeTagV1& t = lib_.tags[i];
       const std::string op = ns_ + "::" + Str(t.op);
-      const LoweredOp* lowered = nullptr;
-      for (const auto& l : lowered_) {
-        if (l.flat.name == op) lowered = &l;
-      }
-      if (!lowered) {
+      const auto lowered = std::find_if(lowered_.begin(), lowered_.end(),
+                                        [&](const LoweredOp& l) { return l.flat.name == op; });
+      if (lowered == lowered_.end()) {
         throw Error(ErrorKind::kLookupError, op, Str(t.tag), "the op is not defined in this library block.",
                     "Tag the op where it is defined.");
       }
@@ -231,13 +230,11 @@ class Commit {
       for (size_t j = 0; j < t.num_names; ++j) names.push_back(Str(t.names[j]));
       const std::string tag = Str(t.tag);
       auto args = ResolveTensorArgs(*lowered, names, tag == "symm_mem" ? "symm_mem_args" : tag + " args");
-      if (tag == "symm_mem") {
-        bool has_group = false;
-        for (const auto& arg : lowered->flat.arguments) has_group = has_group || arg.name == "group_name";
-        if (!has_group) {
-          warnings_.push_back(op + ": symm_mem_args are declared but the op has no 'group_name' argument; "
-                              "Inductor needs one to allocate its inputs in symmetric memory automatically.");
-        }
+      const auto& flat_args = lowered->flat.arguments;
+      if (tag == "symm_mem" && std::none_of(flat_args.begin(), flat_args.end(),
+                                            [](const Argument& arg) { return arg.name == "group_name"; })) {
+        warnings_.push_back(op + ": symm_mem_args are declared but the op has no 'group_name' argument; "
+                            "Inductor needs one to allocate its inputs in symmetric memory automatically.");
       }
       pending_tags_.push_back({op, tag, std::move(args)});
     }

@@ -36,8 +36,7 @@ void LibraryRegistry::Add(const std::vector<LibraryOp>& ops) {
 std::optional<LibraryOp> LibraryRegistry::Find(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = ops_.find(name);
-  if (it == ops_.end()) return std::nullopt;
-  return it->second;
+  return it == ops_.end() ? std::nullopt : std::make_optional(it->second);
 }
 
 uint64_t LibraryRegistry::generation() const {

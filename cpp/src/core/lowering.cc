@@ -336,28 +336,23 @@ class Lowerer {
   bool in_field_defaults_ = false;  // expanding a required struct that has no default
 };
 
+const MappingNode* FindNamed(const std::vector<MappingNode>& nodes, std::string_view name) {
+  auto it = std::find_if(nodes.begin(), nodes.end(), [&](const MappingNode& n) { return n.name == name; });
+  return it == nodes.end() ? nullptr : &*it;
+}
+
 const MappingNode* FindPath(const LoweredOp& op, const std::string& name) {
   // "cfg", "cfg.inner.w" or a flat leaf name "cfg__inner__w".
-  std::vector<std::string> parts;
-  std::string rest = name;
   const std::string sep = name.find('.') != std::string::npos ? "." : "__";
-  size_t pos;
-  while ((pos = rest.find(sep)) != std::string::npos) {
-    parts.push_back(rest.substr(0, pos));
-    rest = rest.substr(pos + sep.size());
-  }
-  parts.push_back(rest);
   const std::vector<MappingNode>* level = &op.params;
-  const MappingNode* found = nullptr;
-  for (const auto& part : parts) {
-    found = nullptr;
-    for (const auto& node : *level) {
-      if (node.name == part) found = &node;
-    }
-    if (!found) return nullptr;
+  size_t start = 0;
+  while (true) {
+    const size_t end = name.find(sep, start);
+    const MappingNode* found = FindNamed(*level, std::string_view(name).substr(start, end - start));
+    if (!found || end == std::string::npos) return found;
     level = &found->children;
+    start = end + sep.size();
   }
-  return found;
 }
 
 void CollectTensorLeaves(const LoweredOp& op, const MappingNode& node, std::vector<int>& out) {
@@ -378,10 +373,7 @@ std::vector<int> ResolveTensorLeafIndices(const LoweredOp& op, const std::vector
   std::set<int> found_all;
   for (const auto& name : names) {
     // A parameter, then a flat leaf name, then a path (cfg.w or cfg__w).
-    const MappingNode* node = nullptr;
-    for (const auto& p : op.params) {
-      if (p.name == name) node = &p;
-    }
+    const MappingNode* node = FindNamed(op.params, name);
     MappingNode leaf_node;
     for (size_t i = 0; !node && i < op.flat.arguments.size(); ++i) {
       if (op.flat.arguments[i].name == name && !op.leaves[i].is_presence) {
@@ -434,17 +426,15 @@ void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::s
   if (IsOneOf(t.kind, kPlainLeafKinds)) return;
   switch (t.kind) {
     case TypeKind::kStruct:
-      if (!registry.FindStruct(t.name)) {
-        throw Error(ErrorKind::kTypeError, op, where, "unknown struct type '" + t.name + "'.",
-                    "Register the struct before using it.");
+    case TypeKind::kEnum: {
+      const bool is_struct = t.kind == TypeKind::kStruct;
+      if (is_struct ? !registry.FindStruct(t.name) : !registry.FindEnum(t.name)) {
+        const std::string what = is_struct ? "struct" : "enum";
+        throw Error(ErrorKind::kTypeError, op, where, "unknown " + what + " type '" + t.name + "'.",
+                    "Register the " + what + " before using it.");
       }
       return;
-    case TypeKind::kEnum:
-      if (!registry.FindEnum(t.name)) {
-        throw Error(ErrorKind::kTypeError, op, where, "unknown enum type '" + t.name + "'.",
-                    "Register the enum before using it.");
-      }
-      return;
+    }
     case TypeKind::kLiteral:
     case TypeKind::kHandle:
       return;
@@ -464,16 +454,10 @@ void CheckLowerable(const Type& type, const TypeRegistry& registry, const std::s
 }
 
 bool LoweredOp::is_identity() const {
-  for (const auto& leaf : leaves) {
-    if (!leaf.allowed.empty() || !leaf.handle_type.empty() || leaf.is_presence) return false;
-  }
-  for (const auto& node : params) {
-    if (node.kind != MappingNode::Kind::kLeaf) return false;
-  }
-  for (const auto& node : returns) {
-    if (node.kind != MappingNode::Kind::kLeaf) return false;
-  }
-  return true;
+  const auto is_leaf = [](const MappingNode& node) { return node.kind == MappingNode::Kind::kLeaf; };
+  const auto is_plain = [](const LeafInfo& l) { return l.allowed.empty() && l.handle_type.empty() && !l.is_presence; };
+  return std::all_of(leaves.begin(), leaves.end(), is_plain) && std::all_of(params.begin(), params.end(), is_leaf) &&
+         std::all_of(returns.begin(), returns.end(), is_leaf);
 }
 
 LoweredOp Lower(const FunctionSchema& spec, const LowerOptions& options, const TypeRegistry& registry) {

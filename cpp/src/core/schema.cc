@@ -24,34 +24,31 @@ Value Make(Value::Kind kind, T Value::*member, T v) {
   return out;
 }
 
-const char* LeafName(TypeKind kind, bool annotation) {
-  switch (kind) {
-    case TypeKind::kTensor: return "Tensor";
-    case TypeKind::kInt: return "int";
-    case TypeKind::kSymInt: return annotation ? "int" : "SymInt";
-    case TypeKind::kFloat: return "float";
-    case TypeKind::kBool: return "bool";
-    case TypeKind::kSymBool: return annotation ? "bool" : "SymBool";
-    case TypeKind::kStr: return "str";
-    case TypeKind::kComplex: return "complex";
-    case TypeKind::kScalar: return annotation ? "number" : "Scalar";
-    case TypeKind::kScalarType: return "ScalarType";
-    case TypeKind::kLayout: return "Layout";
-    case TypeKind::kMemoryFormat: return "MemoryFormat";
-    case TypeKind::kDevice: return "Device";
-    case TypeKind::kGenerator: return "Generator";
-    case TypeKind::kStorage: return "Storage";
-    case TypeKind::kStream: return "Stream";
-    case TypeKind::kQScheme: return "QScheme";
-    case TypeKind::kQuantizer: return "Quantizer";
-    case TypeKind::kCapsule: return "Capsule";
-    case TypeKind::kAny: return "Any";
-    case TypeKind::kAnyClass: return "AnyClassType";
-    case TypeKind::kAnyEnum: return "AnyEnumType";
-    case TypeKind::kPyObject: return "PyObject";
-    case TypeKind::kNone: return "NoneType";
-    default: return nullptr;
-  }
+using K = TypeKind;
+using KindNames = std::pair<TypeKind, const char*>;
+
+// The leaf kinds as a schema writes them.
+constexpr KindNames kLeafNames[] = {
+    {K::kTensor, "Tensor"}, {K::kInt, "int"}, {K::kSymInt, "SymInt"}, {K::kFloat, "float"}, {K::kBool, "bool"},
+    {K::kSymBool, "SymBool"}, {K::kStr, "str"}, {K::kComplex, "complex"}, {K::kScalar, "Scalar"},
+    {K::kScalarType, "ScalarType"}, {K::kLayout, "Layout"}, {K::kMemoryFormat, "MemoryFormat"},
+    {K::kDevice, "Device"}, {K::kGenerator, "Generator"}, {K::kStorage, "Storage"}, {K::kStream, "Stream"},
+    {K::kQScheme, "QScheme"}, {K::kQuantizer, "Quantizer"}, {K::kCapsule, "Capsule"}, {K::kAny, "Any"},
+    {K::kAnyClass, "AnyClassType"}, {K::kAnyEnum, "AnyEnumType"}, {K::kPyObject, "PyObject"}, {K::kNone, "NoneType"},
+};
+
+// The composite kinds as `Name(...)` in a schema and `Name[...]` in an
+// annotation; a schema writes a tuple as a bare `(...)`.
+constexpr KindNames kCompositeNames[] = {
+    {K::kList, "List"}, {K::kOptional, "Optional"}, {K::kTuple, "Tuple"}, {K::kDict, "Dict"},
+    {K::kFuture, "Future"}, {K::kRRef, "RRef"}, {K::kAwait, "Await"}, {K::kUnion, "Union"},
+};
+
+// The name `kind` has in `names`, or nullptr.
+template <size_t N>
+const char* NameIn(const KindNames (&names)[N], TypeKind kind) {
+  auto it = std::find_if(std::begin(names), std::end(names), [&](const KindNames& n) { return n.first == kind; });
+  return it == std::end(names) ? nullptr : it->second;
 }
 
 std::string JoinTypes(const std::vector<TypePtr>& types, bool annotation) {
@@ -88,11 +85,9 @@ void AppendQuoted(std::string& out, const std::string& text, bool definable = fa
           // print the way torch prints them.
           char buf[4] = "000";
           signed char s = static_cast<signed char>(c);
-          buf[2] = static_cast<char>(buf[2] + s % 8);
-          s = static_cast<signed char>(s / 8);
-          buf[1] = static_cast<char>(buf[1] + s % 8);
-          s = static_cast<signed char>(s / 8);
-          buf[0] = static_cast<char>(buf[0] + s);
+          for (int k = 2; k >= 0; --k, s = static_cast<signed char>(s / 8)) {
+            buf[k] = static_cast<char>(buf[k] + (k ? s % 8 : s));
+          }
           out += '\\';
           out += buf;
         }
@@ -150,23 +145,18 @@ void AppendValue(std::string& out, const Value& v, bool quote_strings) {
       break;
     case Value::Kind::kDevice: out += v.s; break;
     case Value::Kind::kList:
-      out += "[";
+    case Value::Kind::kStruct: {
+      // A struct default prints as `{name=value, ...}`, its strings quoted.
+      const bool is_struct = v.kind == Value::Kind::kStruct;
+      out += is_struct ? "{" : "[";
       for (size_t i = 0; i < v.items.size(); ++i) {
         if (i) out += ", ";
-        AppendValue(out, v.items[i], quote_strings);
+        if (is_struct) out += v.names[i] + "=";
+        AppendValue(out, v.items[i], quote_strings || is_struct);
       }
-      out += "]";
+      out += is_struct ? "}" : "]";
       break;
-    case Value::Kind::kStruct:
-      out += "{";
-      for (size_t i = 0; i < v.items.size(); ++i) {
-        if (i) out += ", ";
-        out += v.names[i];
-        out += "=";
-        AppendValue(out, v.items[i], /*quote_strings=*/true);
-      }
-      out += "}";
-      break;
+    }
   }
 }
 
@@ -186,7 +176,7 @@ void AppendSets(std::string& out, const std::vector<std::string>& sets) {
 }
 
 void AppendType(std::string& out, const Type& type) {
-  if (const char* leaf = LeafName(type.kind, false)) {
+  if (const char* leaf = NameIn(kLeafNames, type.kind)) {
     out += leaf;
     return;
   }
@@ -198,9 +188,7 @@ void AppendType(std::string& out, const Type& type) {
       out += type.name;
       return;
     case TypeKind::kHandle:
-      out += "Handle(";
-      out += type.name;
-      out += ")";
+      out += "Handle(" + type.name + ")";
       return;
     case TypeKind::kLiteral:
       out += "Literal";
@@ -214,21 +202,9 @@ void AppendType(std::string& out, const Type& type) {
       AppendType(out, type.element());
       out += "?";
       return;
-    default: {
-      const char* open = type.kind == TypeKind::kTuple    ? "("
-                         : type.kind == TypeKind::kDict   ? "Dict("
-                         : type.kind == TypeKind::kFuture ? "Future("
-                         : type.kind == TypeKind::kRRef   ? "RRef("
-                         : type.kind == TypeKind::kAwait  ? "Await("
-                         : type.kind == TypeKind::kUnion  ? "Union("
-                                                          : "?(";
-      out += open;
-      for (size_t i = 0; i < type.elements.size(); ++i) {
-        if (i) out += ", ";
-        AppendType(out, *type.elements[i]);
-      }
-      out += ")";
-    }
+    default:
+      if (type.kind != TypeKind::kTuple) out += NameIn(kCompositeNames, type.kind);
+      out += "(" + JoinTypes(type.elements, /*annotation=*/false) + ")";
   }
 }
 
@@ -254,8 +230,8 @@ void AppendDefault(std::string& out, const Value& value, const Type& type, bool 
   } else if (type.kind == TypeKind::kList && type.element().kind == TypeKind::kInt &&
              value.kind == Value::Kind::kList && value.items.size() > 1) {
     // torch writes `int[2] stride=1` rather than `int[2] stride=[1, 1]`.
-    bool same = true;
-    for (const auto& item : value.items) same = same && item == value.items[0];
+    const bool same = std::all_of(value.items.begin(), value.items.end(),
+                                  [&](const Value& item) { return item == value.items[0]; });
     AppendValue(out, same ? value.items[0] : value, false);
   } else {
     AppendValue(out, value, false);
@@ -279,10 +255,7 @@ void AppendArgument(std::string& out, const Argument& arg, bool definable = fals
   }
   if (arg.alias_info && !arg.alias_info->before_sets.empty()) AppendAlias(out, *arg.alias_info);
   if (is_opt) out += "?";
-  if (!arg.name.empty()) {
-    out += " ";
-    out += arg.name;
-  }
+  if (!arg.name.empty()) out += " " + arg.name;
   if (arg.default_value) {
     out += "=";
     AppendDefault(out, *arg.default_value, type, definable);
@@ -292,12 +265,7 @@ void AppendArgument(std::string& out, const Argument& arg, bool definable = fals
 std::string PrintSchema(const FunctionSchema& schema, bool definable) {
   std::string out;
   out.reserve(128);
-  out += schema.name;
-  if (!schema.overload.empty()) {
-    out += ".";
-    out += schema.overload;
-  }
-  out += "(";
+  out += schema.qualified_name() + "(";
   bool seen_kwarg_only = false;
   for (size_t i = 0; i < schema.arguments.size(); ++i) {
     if (i > 0) out += ", ";
@@ -307,27 +275,21 @@ std::string PrintSchema(const FunctionSchema& schema, bool definable) {
     }
     AppendArgument(out, schema.arguments[i], definable);
   }
-  if (schema.is_vararg) {
-    if (!schema.arguments.empty()) out += ", ";
-    out += "...";
-  }
+  if (schema.is_vararg) out += schema.arguments.empty() ? "..." : ", ...";
   out += ") -> ";
   const auto& returns = schema.returns;
-  bool need_paren = !((returns.size() == 1 && !schema.is_varret) || (returns.empty() && schema.is_varret));
   std::string rets;
   for (size_t i = 0; i < returns.size(); ++i) {
     if (i > 0) rets += ", ";
     AppendArgument(rets, returns[i]);
   }
-  // A single return that itself starts with '(' (a tuple type) needs
-  // parentheses, or it would read as the return list.
-  if (returns.size() == 1 && !schema.is_varret && !rets.empty() && rets.front() == '(') need_paren = true;
+  if (schema.is_varret) rets += returns.empty() ? "..." : ", ...";
+  // One return, or `...` alone, goes without parentheses, unless it starts
+  // with '(' (a tuple type) and would read as the return list.
+  const bool alone = (returns.size() == 1 && !schema.is_varret) || (returns.empty() && schema.is_varret);
+  const bool need_paren = !alone || rets.front() == '(';
   if (need_paren) out += "(";
   out += rets;
-  if (schema.is_varret) {
-    if (!returns.empty()) out += ", ";
-    out += "...";
-  }
   if (need_paren) out += ")";
   return out;
 }
@@ -443,24 +405,20 @@ bool operator==(const Type& a, const Type& b) {
 std::string TypeStr(const Type& type) { return Printed(AppendType, type); }
 
 std::string AnnotationStr(const Type& type) {
-  if (const char* leaf = LeafName(type.kind, true)) return leaf;
-  switch (type.kind) {
-    case TypeKind::kList: return "List[" + AnnotationStr(type.element()) + "]";
-    case TypeKind::kOptional: return "Optional[" + AnnotationStr(type.element()) + "]";
-    case TypeKind::kTuple: return "Tuple[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kDict: return "Dict[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kFuture: return "Future[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kRRef: return "RRef[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kAwait: return "Await[" + JoinTypes(type.elements, true) + "]";
-    case TypeKind::kUnion: return "Union[" + JoinTypes(type.elements, true) + "]";
-    default: return TypeStr(type);
+  // Python's names for the symbolic and Scalar types.
+  if (type.kind == TypeKind::kSymInt) return "int";
+  if (type.kind == TypeKind::kSymBool) return "bool";
+  if (type.kind == TypeKind::kScalar) return "number";
+  if (const char* leaf = NameIn(kLeafNames, type.kind)) return leaf;
+  if (const char* composite = NameIn(kCompositeNames, type.kind)) {
+    return std::string(composite) + "[" + JoinTypes(type.elements, /*annotation=*/true) + "]";
   }
+  return TypeStr(type);
 }
 
 TypePtr LeafType(std::string_view name) {
-  for (int k = 0; k <= static_cast<int>(TypeKind::kHandle); ++k) {
-    const char* leaf = LeafName(static_cast<TypeKind>(k), /*annotation=*/false);
-    if (leaf && name == leaf) return Type::Get(static_cast<TypeKind>(k));
+  for (const auto& [kind, leaf] : kLeafNames) {
+    if (name == leaf) return Type::Get(kind);
   }
   return nullptr;
 }

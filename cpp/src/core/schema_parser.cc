@@ -57,14 +57,10 @@ class Lexer {
   explicit Lexer(std::string_view text) : src_(text) {
     // strtod needs a terminator; keep one past the end.
     src_.push_back('\0');
-    size_t pos = 0;
     int nesting = 0;
-    while (true) {
-      Token tok = Next(pos, nesting);
-      tokens_.push_back(tok);
-      if (tok.kind == kEof) break;
-      pos = tok.end;
-    }
+    do {
+      tokens_.push_back(Next(tokens_.empty() ? 0 : tokens_.back().end, nesting));
+    } while (tokens_.back().kind != kEof);
   }
 
   const Token& cur() const { return tokens_[index_]; }
@@ -204,22 +200,22 @@ std::string UnquoteString(const Lexer& L, const Token& tok) {
   std::string_view raw = L.text(tok);
   const size_t quote_len = raw.size() >= 6 && raw[0] == raw[1] && raw[1] == raw[2] ? 3 : 1;
   std::string out(raw.substr(quote_len, raw.size() - 2 * quote_len));
+  constexpr std::string_view kLetters = "abfnvt";
+  constexpr std::string_view kEscapes = "\a\b\f\n\v\t";
   size_t pos = out.find('\\');
   while (pos != std::string::npos) {
     if (pos + 1 >= out.size()) L.Fail("ill-formed escape in string literal", tok);
     char c = out[pos + 1];
     size_t erase = 2;
-    switch (out[pos + 1]) {
+    switch (c) {
       case '\\': case '\'': case '"': case '\n': break;
-      case 'a': c = '\a'; break;
-      case 'b': c = '\b'; break;
-      case 'f': c = '\f'; break;
-      case 'n': c = '\n'; break;
-      case 'v': c = '\v'; break;
-      case 't': c = '\t'; break;
       case 'x': L.Fail("unsupported hex specifier in string literal", tok);
       case 'u': case 'U': L.Fail("unsupported unicode specifier in string literal", tok);
       default: {
+        if (const size_t k = kLetters.find(c); k != std::string_view::npos) {
+          c = kEscapes[k];
+          break;
+        }
         // \nnn, three octal digits below 256.
         bool ok = pos + 3 < out.size();
         int value = 0;
@@ -276,10 +272,9 @@ class SchemaParser {
         schema.arguments.push_back(ParseArgument(/*is_return=*/false, kwarg_only));
       }
     });
-    if (schema.is_vararg) {
-      for (const auto& arg : schema.arguments) {
-        if (arg.default_value) L.Fail("schemas with vararg (...) can't have default value args");
-      }
+    if (schema.is_vararg && std::any_of(schema.arguments.begin(), schema.arguments.end(),
+                                        [](const Argument& arg) { return arg.default_value.has_value(); })) {
+      L.Fail("schemas with vararg (...) can't have default value args");
     }
     L.expect(kArrow);
     if (L.nextIf(kDots)) {
@@ -491,13 +486,11 @@ class SchemaParser {
     if (name == "ConstQuantizerPtr" || name == "DeviceIndex") return Type::Get(TypeKind::kInt);
     if (options_.registry) {
       // A library's own types first: `NormCfg` in library `liba` is `liba.NormCfg`.
-      if (!options_.scope.empty()) {
-        const std::string scoped = options_.scope + "." + name;
-        if (options_.registry->FindStruct(scoped)) return Type::Named(TypeKind::kStruct, scoped);
-        if (options_.registry->FindEnum(scoped)) return Type::Named(TypeKind::kEnum, scoped);
+      const std::string scoped = options_.scope.empty() ? name : options_.scope + "." + name;
+      for (const std::string& full : {scoped, name}) {
+        if (options_.registry->FindStruct(full)) return Type::Named(TypeKind::kStruct, full);
+        if (options_.registry->FindEnum(full)) return Type::Named(TypeKind::kEnum, full);
       }
-      if (options_.registry->FindStruct(name)) return Type::Named(TypeKind::kStruct, name);
-      if (options_.registry->FindEnum(name)) return Type::Named(TypeKind::kEnum, name);
     }
     if (!name.empty() && std::islower(static_cast<unsigned char>(name[0])) && name.find('.') == std::string::npos) {
       return Type::Named(TypeKind::kVar, name);  // a type variable, as in torch
@@ -522,8 +515,8 @@ class SchemaParser {
       }
     });
     if (values.empty()) L.Fail("Literal[] needs at least one value", start);
-    for (const auto& v : values) {
-      if (v.kind != values[0].kind) L.Fail("Literal values must be all strings or all integers, not a mix", start);
+    if (std::any_of(values.begin(), values.end(), [&](const Value& v) { return v.kind != values[0].kind; })) {
+      L.Fail("Literal values must be all strings or all integers, not a mix", start);
     }
     return Type::Literal(std::move(values));
   }
@@ -712,15 +705,14 @@ class SchemaParser {
     } else {
       L.Fail("expected a device such as \"cpu\" or \"cuda:0\" but found " + L.Describe(tok));
     }
-    size_t colon = text.find(':');
-    std::string kind = text.substr(0, colon);
-    bool ok = !kind.empty();
-    for (char c : kind) ok = ok && (std::islower(static_cast<unsigned char>(c)) || c == '_');
-    if (colon != std::string::npos) {
-      std::string index = text.substr(colon + 1);
-      ok = ok && !index.empty() && index.size() < 4;
-      for (char c : index) ok = ok && std::isdigit(static_cast<unsigned char>(c));
-    }
+    // `type` or `type:index`; without an index the type alone is checked.
+    const size_t colon = text.find(':');
+    const std::string kind = text.substr(0, colon);
+    const std::string index = colon == std::string::npos ? "0" : text.substr(colon + 1);
+    const auto lower = [](char c) { return std::islower(static_cast<unsigned char>(c)) || c == '_'; };
+    const auto digit = [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; };
+    const bool ok = !kind.empty() && !index.empty() && index.size() < 4 &&
+                    std::all_of(kind.begin(), kind.end(), lower) && std::all_of(index.begin(), index.end(), digit);
     if (!ok) L.Fail("invalid device string '" + text + "'", tok);
     return Value::Device(text);
   }
@@ -739,8 +731,8 @@ class SchemaParser {
           std::string name = Ident();
           const StructField* field = def->Find(name);
           if (!field) L.Fail("struct " + unopt.name + " has no field '" + name + "'", name_tok);
-          for (const auto& seen : names) {
-            if (seen == name) L.Fail("field '" + name + "' given twice", name_tok);
+          if (std::find(names.begin(), names.end(), name) != names.end()) {
+            L.Fail("field '" + name + "' given twice", name_tok);
           }
           L.expect('=');
           names.push_back(name);
@@ -755,9 +747,8 @@ class SchemaParser {
           // A member name: `Mode mode=FAST`.
           auto def = options_.registry->FindEnum(unopt.name);
           const Token tok = L.next();
-          for (size_t i = 0; i < def->members.size(); ++i) {
-            if (def->members[i] == L.text(tok)) return def->values[i];
-          }
+          const auto it = std::find(def->members.begin(), def->members.end(), L.text(tok));
+          if (it != def->members.end()) return def->values[static_cast<size_t>(it - def->members.begin())];
           L.Fail("enum " + unopt.name + " has no member '" + std::string(L.text(tok)) + "'", tok);
         }
         return ParseSingleConstant(DefaultKind(unopt));

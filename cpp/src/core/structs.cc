@@ -10,10 +10,8 @@
 namespace opforge {
 
 const StructField* StructDef::Find(std::string_view field) const {
-  for (const auto& f : fields) {
-    if (f.name == field) return &f;
-  }
-  return nullptr;
+  auto it = std::find_if(fields.begin(), fields.end(), [&](const StructField& f) { return f.name == field; });
+  return it == fields.end() ? nullptr : &*it;
 }
 
 TypeKind EnumDef::value_kind() const {
@@ -21,13 +19,9 @@ TypeKind EnumDef::value_kind() const {
 }
 
 bool IsIdentifier(std::string_view name) {
-  if (name.empty() || !(std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_')) {
-    return false;
-  }
-  for (char c : name) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
-  }
-  return true;
+  const auto word_char = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  return !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+         std::all_of(name.begin(), name.end(), word_char);
 }
 
 TypeRegistry& TypeRegistry::Global() {
@@ -66,15 +60,10 @@ void CheckTypeName(const std::string& name, const char* what) {
 }  // namespace
 
 bool SameLayout(const StructDef& a, const StructDef& b) {
-  if (a.fields.size() != b.fields.size()) return false;
-  for (size_t i = 0; i < a.fields.size(); ++i) {
-    const auto& x = a.fields[i];
-    const auto& y = b.fields[i];
-    if (x.name != y.name || !(*x.type == *y.type) || x.default_value != y.default_value) {
-      return false;
-    }
-  }
-  return true;
+  return std::equal(a.fields.begin(), a.fields.end(), b.fields.begin(), b.fields.end(),
+                    [](const StructField& x, const StructField& y) {
+                      return x.name == y.name && *x.type == *y.type && x.default_value == y.default_value;
+                    });
 }
 
 std::string Describe(const StructDef& def) {
@@ -128,10 +117,9 @@ bool TypeRegistry::AddStruct(StructDef def) {
 }
 
 void CheckLiteralValues(const std::vector<Value>& values) {
-  bool ok = !values.empty();
-  for (const auto& v : values) {
-    ok = ok && (v.kind == Value::Kind::kString || v.kind == Value::Kind::kInt) && v.kind == values[0].kind;
-  }
+  const bool ok = !values.empty() && std::all_of(values.begin(), values.end(), [&](const Value& v) {
+    return (v.kind == Value::Kind::kString || v.kind == Value::Kind::kInt) && v.kind == values[0].kind;
+  });
   if (!ok) {
     std::string shown;
     for (const auto& v : values) {
