@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -37,12 +38,7 @@ class NoBackwardKernel : public c10::OperatorKernel {
     bool needs_grad = false;
     if (c10::GradMode::is_enabled()) {
       for (size_t i = first; i < stack->size() && !needs_grad; ++i) {
-        const c10::IValue& v = (*stack)[i];
-        if (v.isTensor()) {
-          needs_grad = v.toTensor().requires_grad();
-        } else if (v.isTensorList() || v.isList()) {
-          ForEachTensor(v, [&](const at::Tensor& t) { needs_grad = needs_grad || (t.defined() && t.requires_grad()); });
-        }
+        ForEachTensor((*stack)[i], [&](const at::Tensor& t) { needs_grad = needs_grad || t.requires_grad(); });
       }
     }
     if (!needs_grad) {
@@ -74,9 +70,7 @@ class NoBackwardKernel : public c10::OperatorKernel {
       ForEachTensor((*stack)[i], [&](const at::Tensor& t) {
         if (!t.defined() || !torch::autograd::isDifferentiableType(t.scalar_type())) return;
         // Outputs that are inputs (in-place results) keep their own history.
-        for (const auto& in : inputs) {
-          if (in.defined() && in.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return;
-        }
+        if (std::any_of(inputs.begin(), inputs.end(), [&](const Variable& in) { return in.is_same(t); })) return;
         torch::autograd::set_history(const_cast<at::Tensor&>(t), node);
       });
     }
@@ -127,11 +121,9 @@ std::unordered_map<std::string, std::unique_ptr<KernelRegistration>>& NoBackward
 }
 
 bool HasAutogradKernel(const c10::OperatorHandle& op) {
-  for (c10::DispatchKey key : {c10::DispatchKey::Autograd, c10::DispatchKey::AutogradCPU,
-                               c10::DispatchKey::AutogradCUDA, c10::DispatchKey::CompositeImplicitAutograd}) {
-    if (op.hasKernelForDispatchKey(key)) return true;
-  }
-  return false;
+  const c10::DispatchKey keys[] = {c10::DispatchKey::Autograd, c10::DispatchKey::AutogradCPU,
+                                   c10::DispatchKey::AutogradCUDA, c10::DispatchKey::CompositeImplicitAutograd};
+  return std::any_of(std::begin(keys), std::end(keys), [&](auto key) { return op.hasKernelForDispatchKey(key); });
 }
 
 // What a C++ library's op gets from the torch layer once its block commits:

@@ -5,7 +5,6 @@
 #include <ATen/core/ivalue.h>
 #include <c10/util/SmallVector.h>
 
-#include <functional>
 #include <iterator>
 #include <optional>
 #include <vector>
@@ -14,7 +13,8 @@ namespace opforge {
 
 // Calls `f` for the tensor of a Tensor argument, and for each item of a
 // Tensor[] or Tensor?[] argument (an undefined tensor for a None item).
-inline void ForEachTensor(const c10::IValue& v, const std::function<void(const at::Tensor&)>& f) {
+template <class F>
+void ForEachTensor(const c10::IValue& v, F&& f) {
   if (v.isTensor()) {
     f(v.toTensor());
   } else if (v.isTensorList()) {
