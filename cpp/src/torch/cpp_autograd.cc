@@ -40,9 +40,7 @@ struct OpBackward : public torch::autograd::Function<OpBackward> {
     const auto op_id = static_cast<int64_t>(reinterpret_cast<intptr_t>(args->op));
     const int64_t* counts = nullptr;
     if (args->op->dynamic) {
-      std::vector<int64_t> tag;
-      tag.reserve(args->counts->size() + 1);
-      tag.push_back(op_id);
+      std::vector<int64_t> tag{op_id};
       tag.insert(tag.end(), args->counts->begin(), args->counts->end());
       ctx->saved_data[kOpKey] = c10::IValue(std::move(tag));
       counts = args->counts->data();
@@ -55,17 +53,9 @@ struct OpBackward : public torch::autograd::Function<OpBackward> {
 
   static variable_list backward(torch::autograd::AutogradContext* ctx, variable_list grads) {
     const c10::IValue& tag = ctx->saved_data.at(kOpKey);
-    std::vector<int64_t> counts;
-    int64_t op_id = 0;
-    if (tag.isInt()) {
-      op_id = tag.toInt();
-    } else {
-      counts = tag.toIntVector();
-      op_id = counts.front();
-      counts.erase(counts.begin());
-    }
-    const auto* op = reinterpret_cast<const AutogradOp*>(static_cast<intptr_t>(op_id));
-    const int64_t* counts_data = op->dynamic ? counts.data() : nullptr;
+    const std::vector<int64_t> ids = tag.isInt() ? std::vector<int64_t>{tag.toInt()} : tag.toIntVector();
+    const auto* op = reinterpret_cast<const AutogradOp*>(static_cast<intptr_t>(ids.front()));
+    const int64_t* counts_data = op->dynamic ? ids.data() + 1 : nullptr;
     AutogradContext wrapper(ctx, op, counts_data);
     std::vector<at::Tensor> out = op->backward(wrapper, *op, std::move(grads), counts_data);
     out.emplace_back();  // the ForwardArgs input
