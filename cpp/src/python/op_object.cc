@@ -50,16 +50,8 @@ constexpr c10::DispatchKeySet kIntercepting({
 });
 
 bool PlainDevice(c10::DeviceType type) {
-  switch (type) {
-    case c10::DeviceType::CPU:
-    case c10::DeviceType::CUDA:
-    case c10::DeviceType::HIP:
-    case c10::DeviceType::XPU:
-    case c10::DeviceType::MPS:
-      return true;
-    default:
-      return false;
-  }
+  return type == c10::DeviceType::CPU || type == c10::DeviceType::CUDA || type == c10::DeviceType::HIP ||
+         type == c10::DeviceType::XPU || type == c10::DeviceType::MPS;
 }
 
 struct CheckState {
@@ -225,9 +217,8 @@ PyObject* CallFallback(OpObject* op, PyObject* self, PyObject* const* args, Py_s
     return nullptr;
   }
   const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-  std::vector<PyObject*> full(static_cast<size_t>(nargs + nkw + 1));
-  full[0] = self;
-  for (Py_ssize_t i = 0; i < nargs + nkw; ++i) full[static_cast<size_t>(i + 1)] = args[i];
+  std::vector<PyObject*> full{self};
+  full.insert(full.end(), args, args + nargs + nkw);
   return PyObject_Vectorcall(op->fallback, full.data(), static_cast<size_t>(nargs + 1), kwnames);
 }
 
@@ -288,29 +279,24 @@ PyObject* OpNew(PyTypeObject* type, PyObject* /*args*/, PyObject* /*kwargs*/) {
   return reinterpret_cast<PyObject*>(op);
 }
 
+// The references an op holds besides `kernels`, for the garbage collector.
+constexpr PyObject* OpObject::*kOpRefs[] = {&OpObject::boundary_obj, &OpObject::default_kernel,
+                                            &OpObject::overload,     &OpObject::autograd,
+                                            &OpObject::fallback,     &OpObject::rebuild_output};
+
 int OpTraverse(PyObject* self, visitproc visit, void* arg) {
   auto* op = reinterpret_cast<OpObject*>(self);
-  Py_VISIT(op->boundary_obj);
-  Py_VISIT(op->default_kernel);
+  for (PyObject* OpObject::*field : kOpRefs) Py_VISIT(op->*field);
   for (PyObject* k : op->kernels) Py_VISIT(k);
-  Py_VISIT(op->overload);
-  Py_VISIT(op->autograd);
-  Py_VISIT(op->fallback);
-  Py_VISIT(op->rebuild_output);
   return 0;
 }
 
 int OpClear(PyObject* self) {
   auto* op = reinterpret_cast<OpObject*>(self);
-  op->boundary = nullptr;
-  Py_CLEAR(op->boundary_obj);
-  Py_CLEAR(op->default_kernel);
+  op->boundary = nullptr;  // owned by boundary_obj
+  op->bridge = nullptr;    // owned by autograd
+  for (PyObject* OpObject::*field : kOpRefs) Py_CLEAR(op->*field);
   for (PyObject*& k : op->kernels) Py_CLEAR(k);
-  Py_CLEAR(op->overload);
-  op->bridge = nullptr;
-  Py_CLEAR(op->autograd);
-  Py_CLEAR(op->fallback);
-  Py_CLEAR(op->rebuild_output);
   return 0;
 }
 
