@@ -310,7 +310,7 @@ ImplSet TensorSet(PyObject* tuple, const char* what, bool bump) {
 }
 
 OptionalVariables OpNode::Finish(const variable_list& inputs, const OptionalVariables& raw) {
-  std::vector<std::optional<at::Tensor>> to_save;
+  std::vector<at::Tensor> to_save;  // undefined for None
   ImplSet non_differentiable, dirty;
   auto* ctx = reinterpret_cast<CtxObject*>(ctx_);
   if (ctx != nullptr) {
@@ -318,13 +318,9 @@ OptionalVariables OpNode::Finish(const variable_list& inputs, const OptionalVari
       const Py_ssize_t n = PyTuple_GET_SIZE(ctx->to_save);
       for (Py_ssize_t i = 0; i < n; ++i) {
         PyObject* obj = PyTuple_GET_ITEM(ctx->to_save, i);
-        if (obj == Py_None) {
-          to_save.emplace_back();
-          continue;
-        }
-        TORCH_CHECK_TYPE(THPVariable_Check(obj), "save_for_backward can only save tensors, but argument ", i,
-                         " is of type ", TypeName(obj));
-        to_save.emplace_back(THPVariable_Unpack(obj));
+        TORCH_CHECK_TYPE(obj == Py_None || THPVariable_Check(obj),
+                         "save_for_backward can only save tensors, but argument ", i, " is of type ", TypeName(obj));
+        to_save.push_back(obj == Py_None ? at::Tensor() : THPVariable_Unpack(obj));
       }
       Py_CLEAR(ctx->to_save);
     }
@@ -339,21 +335,12 @@ OptionalVariables OpNode::Finish(const variable_list& inputs, const OptionalVari
   output_info_.reserve(wrapped.size());
   ImplSet outputs;
   for (const auto& out : wrapped) {
-    if (out.has_value()) {
-      output_info_.emplace_back(*out);
-      outputs.insert(out->unsafeGetTensorImpl());
-    } else {
-      output_info_.emplace_back();
-    }
+    output_info_.push_back(out.has_value() ? torch::autograd::VariableInfo(*out) : torch::autograd::VariableInfo());
+    if (out.has_value()) outputs.insert(out->unsafeGetTensorImpl());
   }
   saved_.reserve(to_save.size());
-  for (const auto& t : to_save) {
-    if (!t.has_value()) {
-      saved_.emplace_back();
-    } else {
-      saved_.emplace_back(*t, outputs.count(t->unsafeGetTensorImpl()) > 0);
-    }
-  }
+  // An undefined tensor saves as a default SavedVariable does: unpacked, undefined.
+  for (const auto& t : to_save) saved_.emplace_back(t, outputs.count(t.unsafeGetTensorImpl()) > 0);
   if (attached) FireCreationHooks(0, attached);
   return wrapped;
 }
@@ -376,13 +363,10 @@ variable_list OpNode::apply(variable_list&& grads) {
     return Py_NewRef(Py_None);
   };
   for (size_t r = 0; r < kinds.size(); ++r) {
-    PyObject* value;
-    if (kinds[r] == GradBridge::ReturnKind::kTensorList) {
-      value = owned.Add(NewList(return_counts_[r], [&](Py_ssize_t) { return grad_of(entry++); }));
-    } else {
-      value = owned.Add(kinds[r] == GradBridge::ReturnKind::kTensor ? grad_of(entry) : Py_NewRef(Py_None));
-      ++entry;
-    }
+    // A non-tensor return's output has no metadata (an empty VariableInfo) and gets no gradient: None.
+    PyObject* value = owned.Add(kinds[r] == GradBridge::ReturnKind::kTensorList
+                                    ? NewList(return_counts_[r], [&](Py_ssize_t) { return grad_of(entry++); })
+                                    : grad_of(entry++));
     if (value == nullptr) ThrowPython();
     flat.push_back(value);
   }
@@ -496,23 +480,17 @@ PyObject* CtxNew(PyTypeObject* type, PyObject*, PyObject*) {
   return nullptr;
 }
 
+// The references a ctx holds, for the garbage collector.
+constexpr PyObject* CtxObject::*kCtxRefs[] = {&CtxObject::dict, &CtxObject::to_save, &CtxObject::dirty,
+                                              &CtxObject::non_differentiable, &CtxObject::needs_input_grad};
+
 int CtxTraverse(PyObject* self, visitproc visit, void* arg) {
-  auto* ctx = reinterpret_cast<CtxObject*>(self);
-  Py_VISIT(ctx->dict);
-  Py_VISIT(ctx->to_save);
-  Py_VISIT(ctx->dirty);
-  Py_VISIT(ctx->non_differentiable);
-  Py_VISIT(ctx->needs_input_grad);
+  for (PyObject* CtxObject::*field : kCtxRefs) Py_VISIT(reinterpret_cast<CtxObject*>(self)->*field);
   return 0;
 }
 
 int CtxClear(PyObject* self) {
-  auto* ctx = reinterpret_cast<CtxObject*>(self);
-  Py_CLEAR(ctx->dict);
-  Py_CLEAR(ctx->to_save);
-  Py_CLEAR(ctx->dirty);
-  Py_CLEAR(ctx->non_differentiable);
-  Py_CLEAR(ctx->needs_input_grad);
+  for (PyObject* CtxObject::*field : kCtxRefs) Py_CLEAR(reinterpret_cast<CtxObject*>(self)->*field);
   return 0;
 }
 
@@ -713,19 +691,15 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
 
 namespace {
 
+// Calls `add` with each entry of a tensor leaf's value (null for None): one
+// for a Tensor or Tensor? leaf, one per item of a list, none for a None list.
 template <class Add>
 void ForEachTensorIn(const c10::IValue& v, bool is_list, Add&& add) {
   if (!is_list) {
     add(v.isTensor() ? &v.toTensor() : nullptr);
-    return;
+  } else if (!v.isNone()) {
+    for (const c10::IValue& item : v.toListRef()) add(item.isTensor() ? &item.toTensor() : nullptr);
   }
-  if (v.isNone()) return;
-  if (v.isTensorList()) {
-    // Elements of a c10::List<Tensor> are held by the list.
-    for (const c10::IValue& item : v.toListRef()) add(&item.toTensor());
-    return;
-  }
-  for (const c10::IValue& item : v.toListRef()) add(item.isTensor() ? &item.toTensor() : nullptr);
 }
 
 // The Autograd kernel of an op with a Python backward: without a gradient
