@@ -14,6 +14,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -107,11 +108,8 @@ class RebuildCache {
   };
 
   static bool Same(const Entry& e, const Key& key) {
-    if (e.key.size() != key.size()) return false;
-    for (size_t i = 0; i < key.size(); ++i) {
-      if (!SameLeaf(e.key[i], *key[i])) return false;
-    }
-    return true;
+    return std::equal(e.key.begin(), e.key.end(), key.begin(), key.end(),
+                      [](const c10::IValue& a, const c10::IValue* b) { return SameLeaf(a, *b); });
   }
 
   void Clear() {
@@ -181,12 +179,7 @@ PyObject* OpKernel::Call(c10::ArrayRef<c10::IValue> args) {
   RebuildCache::Key key;
   for (size_t p = 0; p < np; ++p) {
     const Node& param = params[p];
-    if (param.kind == Node::Kind::kLeaf || param.kind == Node::Kind::kLiteral) {
-      originals[p] = owned.Add(boundary_->Rebuild(param, args, owned));
-      if (originals[p] == nullptr) return nullptr;
-      continue;
-    }
-    RebuildCache* cache = caches_[p].get();
+    RebuildCache* cache = caches_[p].get();  // null but for an all-scalar struct
     PyObject* value = nullptr;
     size_t hash = 0x345678;
     if (cache != nullptr) {
@@ -227,11 +220,8 @@ void OpKernel::Push(PyObject* checked, torch::jit::Stack* stack) {
   }
   for (size_t i = 0; i < nflat; ++i) {
     PyObject* v = values[i];
-    if (THPVariable_Check(v)) {
-      stack->emplace_back(THPVariable_Unpack(v));
-    } else {
-      stack->emplace_back(torch::jit::toIValue(v, return_types_[i]));
-    }
+    stack->push_back(THPVariable_Check(v) ? c10::IValue(THPVariable_Unpack(v))
+                                          : torch::jit::toIValue(v, return_types_[i]));
   }
 }
 
