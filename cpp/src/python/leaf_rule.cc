@@ -186,35 +186,32 @@ std::string TypeName(PyObject* obj) {
   return Py_TYPE(obj)->tp_name;
 }
 
-std::string Describe(PyObject* obj) {
-  if (obj == Py_None) return "None";
-  std::string out = TypeName(obj);
-  PyObject* repr = PyObject_Repr(obj);
-  if (repr == nullptr) {
-    PyErr_Clear();
-    return out;
-  }
-  Py_ssize_t size = 0;
-  const char* text = PyUnicode_AsUTF8AndSize(repr, &size);
-  if (text == nullptr) {
-    PyErr_Clear();
-  } else {
-    std::string r(text, static_cast<size_t>(size));
-    if (r.size() > 60) r = r.substr(0, 57) + "...";
-    if (r != out) out += " " + r;
-  }
-  Py_DECREF(repr);
-  return out;
-}
+namespace {
 
-std::string Repr(PyObject* obj) {
-  PyObject* repr = PyObject_Repr(obj);
-  const char* text = repr ? PyUnicode_AsUTF8(repr) : nullptr;
-  std::string out = text ? text : "?";
-  Py_XDECREF(repr);
+// The text of `str`, a new reference released here; nullopt when it is null
+// or has no UTF-8 form. Clears the error either leaves.
+std::optional<std::string> TakeText(PyObject* str) {
+  Py_ssize_t size = 0;
+  const char* text = str != nullptr ? PyUnicode_AsUTF8AndSize(str, &size) : nullptr;
+  std::optional<std::string> out;
+  if (text != nullptr) out.emplace(text, static_cast<size_t>(size));
+  Py_XDECREF(str);
   PyErr_Clear();
   return out;
 }
+
+}  // namespace
+
+std::string Describe(PyObject* obj) {
+  if (obj == Py_None) return "None";
+  std::string out = TypeName(obj);
+  std::optional<std::string> r = TakeText(PyObject_Repr(obj));
+  if (r && r->size() > 60) r = r->substr(0, 57) + "...";
+  if (r && *r != out) out += " " + *r;
+  return out;
+}
+
+std::string Repr(PyObject* obj) { return TakeText(PyObject_Repr(obj)).value_or("?"); }
 
 std::string Qualname(PyObject* cls) {
   PyObject* q = PyObject_GetAttrString(cls, "__qualname__");
@@ -222,11 +219,7 @@ std::string Qualname(PyObject* cls) {
     PyErr_Clear();
     return reinterpret_cast<PyTypeObject*>(cls)->tp_name;
   }
-  const char* text = PyUnicode_AsUTF8(q);
-  std::string out = text ? text : "?";
-  if (!text) PyErr_Clear();
-  Py_DECREF(q);
-  return out;
+  return TakeText(q).value_or("?");
 }
 
 }  // namespace opforge
