@@ -496,46 +496,34 @@ PyObject* Boundary::CheckReturn(PyObject* value) {
 // --- the dispatcher path -----------------------------------------------------
 
 bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, Owned& owned) {
-  switch (node.kind) {
-    case Node::Kind::kLeaf:
-    case Node::Kind::kLiteral:
-      leaves[node.leaf_index] = value;
-      return true;
-    case Node::Kind::kEnum: {
-      // The boundary made every value a member; the leaf is its raw value.
-      static PyObject* const kValue = PyUnicode_InternFromString("value");
-      if (value == Py_None) {
-        leaves[node.leaf_index] = value;
-        return true;
-      }
-      if (!node.is_list) return (leaves[node.leaf_index] = owned.Add(PyObject_GetAttr(value, kValue))) != nullptr;
-      PyObject** items = PySequence_Fast_ITEMS(value);
-      leaves[node.leaf_index] = owned.Add(
-          NewList(PySequence_Fast_GET_SIZE(value), [&](Py_ssize_t i) { return PyObject_GetAttr(items[i], kValue); }));
-      return leaves[node.leaf_index] != nullptr;
-    }
-    case Node::Kind::kHandle: {
-      if (value == Py_None) {
-        leaves[node.leaf_index] = value;
-        return true;
-      }
-      if (!handle_for_) handle_for_ = py::module_::import("opforge.handles").attr("handle_for");
-      return (leaves[node.leaf_index] = owned.Add(CallHandles(handle_for_.ptr(), node, value))) != nullptr;
-    }
-    case Node::Kind::kStruct: {
-      if (value == Py_None) {
-        FlattenAbsent(node, leaves);
-        return true;
-      }
-      if (node.optional) leaves[node.presence_index] = Py_True;
-      for (size_t i = 0; i < node.children.size(); ++i) {
-        PyObject* field = owned.Add(PyObject_GetAttr(value, node.field_names[i].ptr()));
-        if (field == nullptr || !FlattenArgument(node.children[i], field, leaves, owned)) return false;
-      }
+  if (node.kind == Node::Kind::kStruct) {
+    if (value == Py_None) {
+      FlattenAbsent(node, leaves);
       return true;
     }
+    if (node.optional) leaves[node.presence_index] = Py_True;
+    for (size_t i = 0; i < node.children.size(); ++i) {
+      PyObject* field = owned.Add(PyObject_GetAttr(value, node.field_names[i].ptr()));
+      if (field == nullptr || !FlattenArgument(node.children[i], field, leaves, owned)) return false;
+    }
+    return true;
   }
-  return false;
+  PyObject*& leaf = leaves[node.leaf_index];
+  if (value == Py_None || node.kind == Node::Kind::kLeaf || node.kind == Node::Kind::kLiteral) {
+    leaf = value;
+    return true;
+  }
+  if (node.kind == Node::Kind::kHandle) {
+    if (!handle_for_) handle_for_ = py::module_::import("opforge.handles").attr("handle_for");
+    return (leaf = owned.Add(CallHandles(handle_for_.ptr(), node, value))) != nullptr;
+  }
+  // kEnum: the boundary made every value a member; the leaf is its raw value.
+  static PyObject* const kValue = PyUnicode_InternFromString("value");
+  if (!node.is_list) return (leaf = owned.Add(PyObject_GetAttr(value, kValue))) != nullptr;
+  PyObject** items = PySequence_Fast_ITEMS(value);
+  leaf = owned.Add(
+      NewList(PySequence_Fast_GET_SIZE(value), [&](Py_ssize_t i) { return PyObject_GetAttr(items[i], kValue); }));
+  return leaf != nullptr;
 }
 
 PyObject* Boundary::RebuildReturn(const Node& node, PyObject* const* flat) {
