@@ -82,7 +82,7 @@ TEST_F(AbiLayout, TheBackendAndTheLibraryKeepTheirLayout) {
   EXPECT_FIELD(OpforgeBackendV1, rollback, 32, void (*)(void*));
   EXPECT_FIELD(OpforgeBackendV1, warn, 40, void (*)(void*, const char*));
 
-  EXPECT_EQ(sizeof(OpforgeLibraryV1), 184u);
+  EXPECT_EQ(sizeof(OpforgeLibraryV1), 192u);
   EXPECT_FIELD(OpforgeLibraryV1, size, 0, uint32_t);
   EXPECT_FIELD(OpforgeLibraryV1, ns, 8, const char*);
   EXPECT_FIELD(OpforgeLibraryV1, impl_key, 16, const char*);
@@ -101,6 +101,8 @@ TEST_F(AbiLayout, TheBackendAndTheLibraryKeepTheirLayout) {
   EXPECT_FIELD(OpforgeLibraryV1, tags, 120, const OpforgeTagV1*);
   EXPECT_FIELD(OpforgeLibraryV1, num_tags, 128, size_t);
   EXPECT_FIELD(OpforgeLibraryV1, backend, 136, OpforgeBackendV1);
+  // A later field: the core reads it only from a library whose size covers it.
+  EXPECT_FIELD(OpforgeLibraryV1, kernel_signatures, 184, const char* const*);
 }
 
 TEST_F(AbiLayout, TheStableAutogradTablesKeepTheirLayout) {

@@ -296,10 +296,61 @@ TEST(LibraryScopes, TwoLibrariesMayEachHaveAStructNamedCfg) {
 }
 
 TEST(LibraryErrors, KernelSignatureMustMatchTheSchema) {
-  // The schema says int, the kernel takes the Cfg struct: torch's own check.
+  // The schema says int, the kernel takes the Cfg struct: opforge's check
+  // (before torch's), naming the op, the parameter and the C++ type to write.
   auto* block = Block("opforge_lib_err3", [](opforge::Library& m) { m.def("h(Tensor q, int cfg) -> Tensor", &Attn); });
-  EXPECT_NE(block->error().find("torch refused it"), std::string::npos) << block->error();
+  EXPECT_NE(block->error().find("opforge_lib_err3::h: CompositeExplicitAutograd kernel, parameter 'cfg': is const "
+                                "lib_test::Cfg& (opforge_lib_err3.Cfg) in C++ but int in the schema. Write it as "
+                                "int64_t"),
+            std::string::npos)
+      << block->error();
   EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({"opforge_lib_err3::h", ""}).has_value());
+}
+
+at::Tensor TakesTensor(const at::Tensor& x, const at::Tensor& w) { return x * w; }
+at::Tensor TakesOne(const at::Tensor& x) { return x; }
+std::tuple<at::Tensor, at::Tensor> TwoOut(const at::Tensor& x) { return {x, x}; }
+
+TEST(LibraryErrors, AKernelTakingTensorForATensorOptionalIsRefusedAtLoad) {
+  // What a stable kernel would read wrongly (and crash on None) is refused
+  // in both modes by the core, before torch sees the op.
+  auto* block = Block("opforge_lib_err4", [](opforge::Library& m) {
+    m.def("f(Tensor x, Tensor? w) -> Tensor");
+    m.impl("f", c10::kCPU, &TakesTensor);
+  });
+  EXPECT_NE(block->error().find("opforge_lib_err4::f: CPU kernel, parameter 'w': is const opforge::Tensor& (Tensor) "
+                                "in C++ but Tensor? in the schema. Write it as const std::optional<opforge::Tensor>&"),
+            std::string::npos)
+      << block->error();
+  EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({"opforge_lib_err4::f", ""}).has_value());
+}
+
+TEST(LibraryErrors, AKernelWithAParameterTooFewOrAReturnTooManyIsRefusedAtLoad) {
+  auto* few = Block("opforge_lib_err5", [](opforge::Library& m) {
+    m.def("f(Tensor x, float eps) -> Tensor", &TakesOne);
+  });
+  EXPECT_NE(few->error().find("opforge_lib_err5::f: CompositeExplicitAutograd kernel: has 1 parameters but the "
+                              "schema has 2 (Tensor x, float eps). Give the kernel one parameter per schema "
+                              "parameter, in order: (const opforge::Tensor&, double)."),
+            std::string::npos)
+      << few->error();
+  auto* many = Block("opforge_lib_err6", [](opforge::Library& m) { m.def("f(Tensor x) -> Tensor", &TwoOut); });
+  EXPECT_NE(many->error().find("opforge_lib_err6::f: CompositeExplicitAutograd kernel: has 2 returns but the schema "
+                               "has 1 (Tensor)."),
+            std::string::npos)
+      << many->error();
+}
+
+TEST(LibraryErrors, AnImplBlockKernelIsCheckedAgainstTheOpOfAnotherBlock) {
+  auto* def = Block("opforge_lib_err7", [](opforge::Library& m) { m.def("f(Tensor x, int n) -> Tensor"); });
+  ASSERT_EQ(def->error(), "");
+  auto* impl = new opforge::LibraryBlock(
+      torch::Library::IMPL, "opforge_lib_err7", c10::DispatchKey::CPU,
+      [](opforge::Library& m) { m.impl("f", &TakesTensor); }, __FILE__, __LINE__);
+  EXPECT_NE(impl->error().find("CPU kernel, parameter 'n': is const opforge::Tensor& (Tensor) in C++ but int in the "
+                               "schema. Write it as int64_t"),
+            std::string::npos)
+      << impl->error();
 }
 
 struct CapturedWarnings : c10::WarningHandler {

@@ -107,6 +107,10 @@ typedef struct OpforgeLibraryV1 {
   const OpforgeTagV1* tags;
   size_t num_tags;
   OpforgeBackendV1 backend;
+  /* Per kernel, its C++ parameter and return types as a schema writes them
+   * ("Tensor, NormCfg?, float -> Tensor"), checked against the op's schema.
+   * A later field: libraries built before it end at `backend` (see size). */
+  const char* const* kernel_signatures;
 } OpforgeLibraryV1;
 
 /* A C++ backward of a library on torch's stable ABI, which has no autograd:

@@ -4,6 +4,7 @@
 #include "opforge/abi.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -58,6 +59,7 @@ class Commit {
     CheckVersion();
     DeclareTypes();
     LowerOps();
+    CheckKernels();
     ResolveTags();
     Register();
     AddSpecs();
@@ -174,6 +176,117 @@ class Commit {
     }
   }
 
+  // A kernel whose C++ types are not its op's schema would read its arguments
+  // wrongly: the stable ABI checks nothing, and the C++ API mode's check (torch's)
+  // names no opforge type. Each kernel's types (KernelSignature) against the
+  // schema of its op, when the op is this block's or another C++ library's.
+  void CheckKernels() {
+    if (lib_.size < offsetof(OpforgeLibraryV1, kernel_signatures) + sizeof(lib_.kernel_signatures)) return;
+    ParseOptions options;
+    options.registry = &TypeRegistry::Global();
+    options.scope = ns_;
+    for (size_t i = 0; i < lib_.num_kernels; ++i) {
+      const std::string op = ns_ + "::" + Str(lib_.kernels[i].op);
+      const auto here = std::find_if(lowered_.begin(), lowered_.end(),
+                                     [&](const LoweredOp& l) { return l.flat.name == op; });
+      std::shared_ptr<const LoweredOp> other;  // an op of another C++ library block
+      if (here == lowered_.end() && LibraryRegistry::Global().Find(op)) other = OpSpecRegistry::Global().Find(op);
+      const FunctionSchema* schema = here != lowered_.end() ? &here->original : other ? &other->original : nullptr;
+      if (schema == nullptr || lib_.kernel_signatures[i] == nullptr) continue;
+      const std::string signature = lib_.kernel_signatures[i];
+      const size_t arrow = signature.find(" -> ");
+      const std::string where = Str(lib_.kernels[i].key) + " kernel";
+      CheckTypes(op, where, "parameter", SplitTypes(signature.substr(0, arrow), options), schema->arguments);
+      CheckTypes(op, where, "return", SplitTypes(signature.substr(arrow + 4), options), schema->returns);
+    }
+  }
+
+  static std::vector<TypePtr> SplitTypes(const std::string& text, const ParseOptions& options) {
+    std::vector<TypePtr> types;
+    for (size_t begin = 0; begin < text.size();) {
+      const size_t end = std::min(text.find(", ", begin), text.size());
+      types.push_back(ParseType(text.substr(begin, end - begin), options));
+      begin = end + 2;
+    }
+    return types;
+  }
+
+  void CheckTypes(const std::string& op, const std::string& where, const std::string& what,
+                  const std::vector<TypePtr>& kernel, const std::vector<Argument>& schema) const {
+    auto listed = [&](auto&& describe) {
+      std::string out;
+      for (const auto& a : schema) out += (out.empty() ? "" : ", ") + describe(a);
+      return "(" + out + ")";
+    };
+    if (kernel.size() != schema.size()) {
+      throw Error(ErrorKind::kTypeError, op, where,
+                  "has " + std::to_string(kernel.size()) + " " + what + "s but the schema has " +
+                      std::to_string(schema.size()) + " " + listed([](const Argument& a) { return ToString(a); }) + ".",
+                  "Give the kernel one " + what + " per schema " + what + ", in order: " +
+                      listed([&](const Argument& a) { return CppParam(*a.type); }) + ".");
+    }
+    for (size_t j = 0; j < kernel.size(); ++j) {
+      if (KernelTypeStr(*kernel[j]) == KernelTypeStr(*schema[j].type)) continue;
+      const std::string name = schema[j].name.empty() ? std::to_string(j) : "'" + schema[j].name + "'";
+      throw Error(ErrorKind::kTypeError, op, where + ", " + what + " " + name,
+                  "is " + CppParam(*kernel[j]) + " (" + TypeStr(*kernel[j]) + ") in C++ but " +
+                      TypeStr(*schema[j].type) + " in the schema.",
+                  "Write it as " + CppParam(*schema[j].type) + ", or change the schema.");
+    }
+  }
+
+  // A type as a kernel receives it: SymInt as int, a Literal as its values'
+  // type, any Handle(T) as a handle (its type is checked per call).
+  static std::string KernelTypeStr(const Type& t) {
+    switch (t.kind) {
+      case TypeKind::kHandle: return "Handle";
+      case TypeKind::kSymInt: return "int";
+      case TypeKind::kSymBool: return "bool";
+      case TypeKind::kLiteral: return t.literals.at(0).kind == Value::Kind::kString ? "str" : "int";
+      case TypeKind::kOptional: return KernelTypeStr(t.element()) + "?";
+      case TypeKind::kList: return KernelTypeStr(t.element()) + "[]";
+      default: return TypeStr(t);
+    }
+  }
+
+  // The C++ type a kernel takes for schema type `t`, the same in both ABI modes.
+  std::string CppValue(const Type& t) const {
+    switch (t.kind) {
+      case TypeKind::kTensor: return "opforge::Tensor";
+      case TypeKind::kInt:
+      case TypeKind::kSymInt: return "int64_t";
+      case TypeKind::kFloat: return "double";
+      case TypeKind::kBool:
+      case TypeKind::kSymBool: return "bool";
+      case TypeKind::kStr: return "std::string";
+      case TypeKind::kScalarType: return "c10::ScalarType";
+      case TypeKind::kLayout: return "c10::Layout";
+      case TypeKind::kMemoryFormat: return "c10::MemoryFormat";
+      case TypeKind::kDevice: return "opforge::Device";
+      case TypeKind::kLiteral: return KernelTypeStr(t) == "str" ? "std::string" : "int64_t";
+      case TypeKind::kOptional: return "std::optional<" + CppValue(t.element()) + ">";
+      case TypeKind::kList: return "std::vector<" + CppValue(t.element()) + ">";
+      case TypeKind::kHandle: return "opforge::Handle<" + t.name + ">";
+      case TypeKind::kStruct:
+      case TypeKind::kEnum:
+        for (size_t i = 0; i < lib_.num_types; ++i) {
+          const OpforgeTypeV1& type = lib_.types[i];
+          if (ScopedName(ns_, Str(type.name)) == t.name && type.cpp_name) return type.cpp_name;
+        }
+        return t.name;
+      default: return TypeStr(t);
+    }
+  }
+  // ... as a parameter: scalars by value, the rest by const reference.
+  std::string CppParam(const Type& t) const {
+    static const TypeKind kByValue[] = {TypeKind::kInt, TypeKind::kSymInt, TypeKind::kFloat, TypeKind::kBool,
+                                        TypeKind::kSymBool, TypeKind::kScalarType, TypeKind::kLayout,
+                                        TypeKind::kMemoryFormat, TypeKind::kEnum};
+    const bool by_value = std::find(std::begin(kByValue), std::end(kByValue), t.kind) != std::end(kByValue) ||
+                          (t.kind == TypeKind::kLiteral && KernelTypeStr(t) == "int");
+    return by_value ? CppValue(t) : "const " + CppValue(t) + "&";
+  }
+
   void Register() {
     const auto& b = lib_.backend;
     registered_ = true;
@@ -275,7 +388,7 @@ class Commit {
 };
 
 int32_t CommitLibrary(const OpforgeLibraryV1* lib, char* error, size_t error_size) {
-  if (lib == nullptr || lib->size < sizeof(OpforgeLibraryV1)) {
+  if (lib == nullptr || lib->size < offsetof(OpforgeLibraryV1, kernel_signatures)) {
     CopyError("opforge: a library passed an OpforgeLibraryV1 of the wrong size.", error, error_size);
     return 1;
   }

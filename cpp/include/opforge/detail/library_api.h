@@ -180,7 +180,7 @@ class LibraryApi {
       plan_.Fail(ns() + "::" + name + ": a " + key + " kernel is given twice. Give one kernel per op and key.");
       return;
     }
-    plan_.AddKernel(name, key, Mode::MakeKernel(backend_, fn));
+    plan_.AddKernel(name, key, Mode::MakeKernel(backend_, fn), KernelSignature<R, Args...>());
   }
 
   LibraryPlan& plan_;

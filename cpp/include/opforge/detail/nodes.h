@@ -450,5 +450,30 @@ void DeclareKernelTypes(TypeDecls& decls) {
   if constexpr (kIsStruct<std::decay_t<R>>) StructNode<std::decay_t<R>>::Declare(decls);
 }
 
+// A kernel's parameter and return types as a schema writes them, which the
+// core checks against the op's schema at load: "Tensor, NormCfg?, float -> Tensor".
+template <class... T>
+std::string SchemaList() {
+  std::string out;
+  ((out += (out.empty() ? "" : ", ") + Node<std::decay_t<T>>::Schema()), ...);
+  return out;
+}
+template <class R>
+struct ReturnSchemas {
+  static std::string Get() { return SchemaList<R>(); }
+};
+template <>
+struct ReturnSchemas<void> {
+  static std::string Get() { return ""; }
+};
+template <class... T>
+struct ReturnSchemas<std::tuple<T...>> {
+  static std::string Get() { return SchemaList<T...>(); }
+};
+template <class R, class... Args>
+std::string KernelSignature() {
+  return SchemaList<Args...>() + " -> " + ReturnSchemas<std::decay_t<R>>::Get();
+}
+
 }  // namespace detail
 }  // namespace opforge

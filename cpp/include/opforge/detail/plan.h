@@ -45,8 +45,8 @@ class LibraryPlan {
   void SetAutograd(const std::string& op, void* autograd) { Find(op).autograd = autograd; }
   void SetTorchLayerAutograd(const std::string& op, const void* autograd) { Find(op).torch_layer_autograd = autograd; }
 
-  void AddKernel(std::string op, std::string key, void* kernel) {
-    kernels_.push_back(Kernel{std::move(op), std::move(key), kernel});
+  void AddKernel(std::string op, std::string key, void* kernel, std::string signature) {
+    kernels_.push_back(Kernel{std::move(op), std::move(key), kernel, std::move(signature)});
   }
   bool HasKernel(const std::string& op, const std::string& key) const {
     for (const auto& k : kernels_) {
@@ -84,7 +84,11 @@ class LibraryPlan {
     std::vector<OpforgeOpV1> ops;
     for (const auto& o : ops_) ops.push_back(OpforgeOpV1{o.schema.c_str(), o.autograd, o.torch_layer_autograd});
     std::vector<OpforgeKernelV1> kernels;
-    for (const auto& k : kernels_) kernels.push_back(OpforgeKernelV1{k.op.c_str(), k.key.c_str(), k.kernel});
+    std::vector<const char*> signatures;
+    for (const auto& k : kernels_) {
+      kernels.push_back(OpforgeKernelV1{k.op.c_str(), k.key.c_str(), k.kernel});
+      signatures.push_back(k.signature.c_str());
+    }
     std::vector<OpforgeTagV1> tags;
     for (auto& t : tags_) {
       t.names_c.clear();
@@ -111,6 +115,7 @@ class LibraryPlan {
     lib.tags = tags.data();
     lib.num_tags = tags.size();
     lib.backend = backend;
+    lib.kernel_signatures = signatures.data();
     char error[2048] = "";
     if (abi->commit_library(&lib, error, sizeof error) != 0) return error;
     return "";
@@ -127,6 +132,7 @@ class LibraryPlan {
     std::string op;
     std::string key;
     void* kernel;
+    std::string signature;  // KernelSignature
   };
   struct Tag {
     std::string op;
