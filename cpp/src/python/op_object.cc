@@ -13,6 +13,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <algorithm>
 #include <array>
 #include <utility>
 #include <vector>
@@ -227,15 +228,29 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
   if (b == nullptr) return CallFallback(op, self, args, nargs, kwnames);
   const size_t n = b->num_params();
   const size_t nslots = b->num_tensor_slots();
-  c10::SmallVector<PyObject*, 16> values(n), tensors(nslots, nullptr);
-  if (!b->Bind(args, nargs, kwnames, values.data())) return CallFallback(op, self, args, nargs, kwnames);
-  Owned keep, converted;  // released however the call ends
-  converted.items.resize(n);
-  PyObject** out = converted.items.data();
-  if (!b->ConvertAll(values.data(), out, tensors.data(), keep)) return nullptr;
+  // Uninitialized stack arrays for the usual op (a SmallVector's zeroing and
+  // size bookkeeping show per call); a heap vector past 16.
+  constexpr size_t kSmall = 16;
+  PyObject *small_values[kSmall], *small_out[kSmall], *small_tensors[kSmall];
+  std::vector<PyObject*> big_values, big_out, big_tensors;
+  PyObject** values = n > kSmall ? (big_values.resize(n), big_values.data()) : small_values;
+  PyObject** out = n > kSmall ? (big_out.resize(n), big_out.data()) : small_out;
+  PyObject** tensors = nslots > kSmall ? (big_tensors.resize(nslots), big_tensors.data()) : small_tensors;
+  std::fill(tensors, tensors + nslots, nullptr);
+  if (!b->Bind(args, nargs, kwnames, values)) return CallFallback(op, self, args, nargs, kwnames);
+  Owned keep;
+  if (!b->ConvertAll(values, out, tensors, keep)) return nullptr;
+  // The converted values, released however the call ends (ConvertAll filled every one).
+  struct Release {
+    PyObject** items;
+    size_t n;
+    ~Release() {
+      for (size_t i = 0; i < n; ++i) Py_DECREF(items[i]);
+    }
+  } release{out, n};
 
   PyObject* kernel = nullptr;
-  switch (ChooseRoute(op, tensors.data(), &kernel)) {
+  switch (ChooseRoute(op, tensors, &kernel)) {
     case Route::kCppDispatcher:
       return CallDispatcher(op, out);
     case Route::kBody: {
@@ -251,7 +266,7 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
       return checked;
     }
     case Route::kBodyWithGrad:
-      return CallWithGrad(*op->bridge, kernel, out, tensors.data());
+      return CallWithGrad(*op->bridge, kernel, out, tensors);
     case Route::kDispatcher:
       break;
   }
