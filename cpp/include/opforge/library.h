@@ -163,24 +163,27 @@ struct StructKernel<R, TypeList<Args...>, TypeList<FlatArgs...>> {
   }
 
   Result operator()(FlatArgs... flat) const {
-    auto t = std::forward_as_tuple(flat...);
-    Reader<UnboxedSlots, decltype(t)> r{t};
-    if constexpr (std::is_void_v<R>) {
-      Call(fn, r, std::index_sequence_for<Args...>{});
-    } else if constexpr (kIsStruct<R>) {
-      return Ret<R>::Flatten(Call(fn, r, std::index_sequence_for<Args...>{}));
-    } else {
-      return Call(fn, r, std::index_sequence_for<Args...>{});
-    }
+    return Guard(name.op, name.what.c_str(), [&]() -> Result {
+      auto t = std::forward_as_tuple(flat...);
+      Reader<UnboxedSlots, decltype(t)> r{t};
+      if constexpr (std::is_void_v<R>) {
+        Call(fn, r, std::index_sequence_for<Args...>{});
+      } else if constexpr (kIsStruct<R>) {
+        return Ret<R>::Flatten(Call(fn, r, std::index_sequence_for<Args...>{}));
+      } else {
+        return Call(fn, r, std::index_sequence_for<Args...>{});
+      }
+    });
   }
 
   FnPtr fn;
+  KernelName name;
 };
 
 template <class R, class... Args>
-torch::CppFunction* MakeKernel(R (*fn)(Args...)) {
+torch::CppFunction* MakeKernel(R (*fn)(Args...), KernelName name) {
   using Flat = typename Concat<typename ParamFlat<Args>::type...>::type;
-  return new torch::CppFunction(StructKernel<R, TypeList<Args...>, Flat>{fn});
+  return new torch::CppFunction(StructKernel<R, TypeList<Args...>, Flat>{fn, std::move(name)});
 }
 
 // A dispatch key as torch names it: c10::kCUDA -> "CUDA".
@@ -226,8 +229,8 @@ struct AutogradRegistrar;
 struct UnstableMode {
   using Kernel = torch::CppFunction*;
   template <class R, class... Args>
-  static void* MakeKernel(UnstableBackend& backend, R (*fn)(Args...)) {
-    return backend.Keep(detail::MakeKernel(fn));
+  static void* MakeKernel(UnstableBackend& backend, R (*fn)(Args...), KernelName name) {
+    return backend.Keep(detail::MakeKernel(fn, std::move(name)));
   }
   template <class G, class Sig>
   static void SetAutograd(LibraryPlan& plan, const std::string& op) {

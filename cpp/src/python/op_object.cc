@@ -192,6 +192,27 @@ Route ChooseRoute(OpObject* op, PyObject** tensors, PyObject** kernel) {
   return mode == 1 ? Route::kBodyWithGrad : Route::kBody;
 }
 
+// The exception in flight as the Python error torch.ops raises for it, so
+// that its type does not depend on the path: c10's errors as torch
+// translates them (TypeError, IndexError, ...), other std::exceptions as
+// pybind11 does (MemoryError, IndexError, ValueError, RuntimeError), and
+// anything else (`throw 42;` reaching here) a RuntimeError, never an abort.
+void RaiseCppError() {
+  try {
+    throw;
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (const python_error& e) {
+    torch::translate_exception_to_python(std::current_exception());
+  } catch (const c10::Error&) {
+    torch::translate_exception_to_python(std::current_exception());
+  } catch (const std::exception&) {
+    py::detail::try_translate_exceptions();
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "opforge: a C++ exception that is not a std::exception reached Python.");
+  }
+}
+
 // A C++ op's call through the dispatcher, from C.
 PyObject* CallDispatcher(OpObject* op, PyObject* const* converted) {
   std::vector<c10::IValue> stack;
@@ -204,10 +225,8 @@ PyObject* CallDispatcher(OpObject* op, PyObject* const* converted) {
     py::object out = torch::jit::createPyObjectForStack(std::move(stack));
     if (op->rebuild_output == nullptr) return out.release().ptr();
     return PyObject_CallOneArg(op->rebuild_output, out.ptr());
-  } catch (py::error_already_set& e) {
-    e.restore();
   } catch (...) {
-    torch::translate_exception_to_python(std::current_exception());
+    RaiseCppError();
   }
   return nullptr;
 }
@@ -278,12 +297,8 @@ PyObject* OpCall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject*
   // Nothing thrown in C++ may reach the interpreter: it would abort.
   try {
     return CallOp(op, self, args, PyVectorcall_NARGS(nargsf), kwnames);
-  } catch (const c10::Error& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    RaiseCppError();
   }
   return nullptr;
 }

@@ -48,7 +48,8 @@ struct OpBackward : public torch::autograd::Function<OpBackward> {
       ctx->saved_data[kOpKey] = op_id;
     }
     AutogradContext wrapper(ctx, args->op, counts);
-    return args->forward(wrapper);
+    // The forward's kernel guards itself; what else throws is setup_context.
+    return Guard(args->op->name, "setup_context", [&] { return args->forward(wrapper); });
   }
 
   static variable_list backward(torch::autograd::AutogradContext* ctx, variable_list grads) {
@@ -57,7 +58,8 @@ struct OpBackward : public torch::autograd::Function<OpBackward> {
     const auto* op = reinterpret_cast<const AutogradOp*>(static_cast<intptr_t>(ids.front()));
     const int64_t* counts_data = op->dynamic ? ids.data() + 1 : nullptr;
     AutogradContext wrapper(ctx, op, counts_data);
-    std::vector<at::Tensor> out = op->backward(wrapper, *op, std::move(grads), counts_data);
+    std::vector<at::Tensor> out =
+        Guard(op->name, "the backward", [&] { return op->backward(wrapper, *op, std::move(grads), counts_data); });
     out.emplace_back();  // the ForwardArgs input
     return out;
   }

@@ -22,18 +22,19 @@ std::string KeyName(c10::DeviceType device) {
 std::string KeyName(c10::DispatchKey key) { return c10::toString(key); }
 
 char* UnstableBackend::Def(const char* schema) {
-  return Catch([&] { lib_->def(schema); }, &Describe);
+  return Catch([&] { lib_->def(schema); }, "torch::Library::def", &Describe);
 }
 
 char* UnstableBackend::Impl(const char* op, const char* key, void* kernel) {
   return Catch([&] {
     auto* fn = static_cast<torch::CppFunction*>(kernel);
     lib_->impl(op, torch::dispatch(c10::parseDispatchKey(key), std::move(*fn)));
-  }, &Describe);
+  }, "torch::Library::impl", &Describe);
 }
 
 char* UnstableBackend::Autograd(const char* qualified, void* registrar) {
-  return Catch([&] { reinterpret_cast<AutogradRegistrarFn>(registrar)(*lib_, qualified); }, &Describe);
+  return Catch([&] { reinterpret_cast<AutogradRegistrarFn>(registrar)(*lib_, qualified); }, "the backward's registration",
+               &Describe);
 }
 
 void UnstableBackend::Warn(const char* message) { TORCH_WARN(message); }

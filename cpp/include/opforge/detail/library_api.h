@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -34,20 +35,48 @@ const char* DeviceKeyName(DeviceType device) {
 template <class Mode, class Backend>
 class LibraryApi;
 
+// What a kernel's errors call it: its op ("ns::op") and itself ("the CPU kernel").
+struct KernelName {
+  std::string op;
+  std::string what;
+};
+
 // A backend's error for the C surface: a message it frees.
 inline char* Message(const std::string& text) { return strdup(text.c_str()); }
 
 inline std::string What(const std::exception& e) { return e.what(); }
 
+// Why a throw that is not a std::exception (`throw 42;`) is caught: it would
+// end the process where torch or Python meets it.
+inline std::string Foreign(const std::string& who) {
+  return who + " threw something that is not a std::exception; throw one (TORCH_CHECK does).";
+}
+
 // Runs `f` for the C surface: null, or the Message of what it threw
-// (`describe` gives an exception's text).
+// (`describe` gives an exception's text; `who` names f for any other throw).
 template <class F>
-char* Catch(F&& f, std::string (*describe)(const std::exception&) = &What) {
+char* Catch(F&& f, const char* who, std::string (*describe)(const std::exception&) = &What) {
   try {
     f();
     return nullptr;
   } catch (const std::exception& e) {
     return Message(describe(e));
+  } catch (...) {
+    return Message(Foreign(who));
+  }
+}
+
+// Runs a kernel (or a backward) for torch: what it throws that is not a
+// std::exception becomes a std::runtime_error naming the op and `what` ("the
+// CPU kernel").
+template <class F>
+decltype(auto) Guard(const std::string& op, const char* what, F&& f) {
+  try {
+    return f();
+  } catch (const std::exception&) {
+    throw;
+  } catch (...) {
+    throw std::runtime_error(Foreign(op + ": " + what));
   }
 }
 
@@ -180,7 +209,8 @@ class LibraryApi {
       plan_.Fail(ns() + "::" + name + ": a " + key + " kernel is given twice. Give one kernel per op and key.");
       return;
     }
-    plan_.AddKernel(name, key, Mode::MakeKernel(backend_, fn), KernelSignature<R, Args...>());
+    void* kernel = Mode::MakeKernel(backend_, fn, KernelName{ns() + "::" + name, "the " + key + " kernel"});
+    plan_.AddKernel(name, key, kernel, KernelSignature<R, Args...>());
   }
 
   LibraryPlan& plan_;

@@ -85,8 +85,8 @@ struct StableAutograd;  // opforge/stable/backward.h
 
 struct StableMode {
   template <class R, class... Args>
-  static void* MakeKernel(StableBackend&, R (*fn)(Args...)) {
-    return reinterpret_cast<void*>(MakeStableKernel(fn));
+  static void* MakeKernel(StableBackend&, R (*fn)(Args...), KernelName name) {
+    return reinterpret_cast<void*>(MakeStableKernel(fn, std::move(name)));
   }
   template <class G, class Sig>
   static void SetAutograd(LibraryPlan& plan, const std::string& op) {

@@ -172,7 +172,7 @@ struct StableAutograd<G, R(Args...)> {
         auto out = ReadResults<typename Out::Flat, ViewSlots>(*outputs);
         std::apply([&](auto&... p) { G::setup_context(&c, p..., Out::Original(out)); }, params);
       }
-    });
+    }, "setup_context");
   }
 
   static char* Backward(const OpforgeAutogradCtxV1* ctx, const OpforgeValuesV1* grads, const OpforgeGradsV1* out) {
@@ -192,7 +192,7 @@ struct StableAutograd<G, R(Args...)> {
             TORCH_ERROR_CODE_CHECK(aoti_torch_new_tensor_handle(g.get(), &h));
             out->set(out->self, i, j, h);
           });
-    });
+    }, "the backward");
   }
 
   static constexpr OpforgeStableAutogradV1 kDescriptor = {sizeof(OpforgeStableAutogradV1), &Setup, &Backward};

@@ -15,28 +15,40 @@
 #include <type_traits>
 #include <utility>
 
+#include "opforge/detail/library_api.h"
 #include "opforge/detail/reader.h"
 #include "opforge/stable/slots.h"
 
 namespace opforge::detail {
 
+// One kernel as its trampoline calls it.
+struct KernelSlot;
+using Invoke = void (*)(const KernelSlot&, StableIValue*, uint64_t, uint64_t);
+struct KernelSlot {
+  Invoke invoke;
+  void* fn;
+  const KernelName* name;  // kept while the library is loaded
+};
+
 template <class R, class... Args>
 struct Invoker {
-  static void Call(void* fn, StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  static void Call(const KernelSlot& slot, StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
     constexpr size_t kArgs = kLeafCount<Args...>;
     if (num_args != kArgs || num_outputs != ResultCount<R>()) {
-      throw std::runtime_error("opforge: the registered schema has " + std::to_string(num_args) + " arguments and " +
-                               std::to_string(num_outputs) + " returns, the kernel's flat signature " +
-                               std::to_string(kArgs) + " and " + std::to_string(ResultCount<R>()) + ".");
+      throw std::runtime_error(slot.name->op + ": the registered schema has " + std::to_string(num_args) +
+                               " arguments and " + std::to_string(num_outputs) + " returns, the kernel's flat "
+                               "signature " + std::to_string(kArgs) + " and " + std::to_string(ResultCount<R>()) + ".");
     }
-    Reader<StableSlots, StableIValue*> r{stack};
-    auto args = ReadParams<Args...>(r);
-    auto f = reinterpret_cast<R (*)(Args...)>(fn);
-    if constexpr (std::is_void_v<R>) {
-      std::apply(f, args);
-    } else {
-      WriteResults<StableSlots>(stack, std::apply(f, args));
-    }
+    Guard(slot.name->op, slot.name->what.c_str(), [&] {
+      Reader<StableSlots, StableIValue*> r{stack};
+      auto args = ReadParams<Args...>(r);
+      auto f = reinterpret_cast<R (*)(Args...)>(slot.fn);
+      if constexpr (std::is_void_v<R>) {
+        std::apply(f, args);
+      } else {
+        WriteResults<StableSlots>(stack, std::apply(f, args));
+      }
+    });
   }
 };
 
@@ -47,10 +59,6 @@ struct Invoker {
 using BoxedKernel = void (*)(StableIValue*, uint64_t, uint64_t);
 
 #pragma GCC visibility push(hidden)
-struct KernelSlot {
-  void (*invoke)(void*, StableIValue*, uint64_t, uint64_t);
-  void* fn;
-};
 inline KernelSlot* KernelSlots() {
   static KernelSlot slots[OPFORGE_STABLE_MAX_KERNELS];
   return slots;
@@ -62,13 +70,13 @@ inline size_t& KernelSlotsUsed() {
 template <size_t I>
 void Trampoline(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
   const KernelSlot& slot = KernelSlots()[I];
-  slot.invoke(slot.fn, stack, num_args, num_outputs);
+  slot.invoke(slot, stack, num_args, num_outputs);
 }
 template <size_t... I>
 constexpr std::array<BoxedKernel, sizeof...(I)> MakeTrampolines(std::index_sequence<I...>) {
   return {&Trampoline<I>...};
 }
-inline BoxedKernel BindKernel(void (*invoke)(void*, StableIValue*, uint64_t, uint64_t), void* fn) {
+inline BoxedKernel BindKernel(Invoke invoke, void* fn, KernelName name) {
   static constexpr auto kTrampolines = MakeTrampolines(std::make_index_sequence<OPFORGE_STABLE_MAX_KERNELS>{});
   size_t& used = KernelSlotsUsed();
   if (used == kTrampolines.size()) {
@@ -76,14 +84,14 @@ inline BoxedKernel BindKernel(void (*invoke)(void*, StableIValue*, uint64_t, uin
                              " kernels in one stable-ABI library; build it with a larger "
                              "-DOPFORGE_STABLE_MAX_KERNELS=N.");
   }
-  KernelSlots()[used] = KernelSlot{invoke, fn};
+  KernelSlots()[used] = KernelSlot{invoke, fn, new KernelName(std::move(name))};
   return kTrampolines[used++];
 }
 #pragma GCC visibility pop
 
 template <class R, class... Args>
-BoxedKernel MakeStableKernel(R (*fn)(Args...)) {
-  return BindKernel(&Invoker<R, Args...>::Call, reinterpret_cast<void*>(fn));
+BoxedKernel MakeStableKernel(R (*fn)(Args...), KernelName name) {
+  return BindKernel(&Invoker<R, Args...>::Call, reinterpret_cast<void*>(fn), std::move(name));
 }
 
 }  // namespace opforge::detail

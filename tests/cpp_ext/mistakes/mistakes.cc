@@ -1,0 +1,73 @@
+// Mistakes a kernel library can make, each of which once killed the process
+// or passed silently (tests/python/test_cpp_mistakes.py): kernels and
+// backwards that throw what is not a std::exception, and kernels whose C++
+// types are not their schema's. The same source builds in both ABI modes.
+#include <opforge/opforge.h>
+
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#ifdef OPFORGE_STABLE_ABI
+#define MISTAKES_NS mistakes_stable
+#define MISTAKES_OPTIONAL_NS mistakes_optional_stable
+#define MISTAKES_ARITY_NS mistakes_arity_stable
+#else
+#define MISTAKES_NS mistakes_unstable
+#define MISTAKES_OPTIONAL_NS mistakes_optional_unstable
+#define MISTAKES_ARITY_NS mistakes_arity_unstable
+#endif
+
+namespace mistakes {
+
+using opforge::Tensor;
+
+struct Plain {
+  int code;
+};
+
+// What each kernel throws, by `kind`: 0 an int, 1 a plain struct, 2 a string
+// literal, 3 std::bad_alloc, 4 std::out_of_range, 5 std::invalid_argument.
+Tensor Throws(const Tensor& x, int64_t kind) {
+  switch (kind) {
+    case 0: throw 42;
+    case 1: throw Plain{7};
+    case 2: throw "text";
+    case 3: throw std::bad_alloc();
+    case 4: throw std::out_of_range("index 9 of 3");
+    case 5: throw std::invalid_argument("a bad argument");
+    default: return x;
+  }
+}
+
+Tensor Identity(const Tensor& x) { return x; }
+
+// A backward (and a setup_context) that throw an int.
+struct ThrowingGrad {
+  static opforge::GradsFor<decltype(Identity)> backward(opforge::AutogradContext*, const Tensor&) { throw 42; }
+};
+struct ThrowingSetup {
+  static void setup_context(opforge::AutogradContext*, const Tensor&, const Tensor&) { throw 42; }
+  static opforge::GradsFor<decltype(Identity)> backward(opforge::AutogradContext*, const Tensor& g) { return {g}; }
+};
+
+Tensor TakesTensor(const Tensor& x, const Tensor&) { return x; }
+Tensor TakesOne(const Tensor& x) { return x; }
+
+}  // namespace mistakes
+
+OPFORGE_LIBRARY(MISTAKES_NS, m) {
+  m.def("throws(Tensor x, int kind) -> Tensor", &mistakes::Throws);
+  m.def("bad_backward(Tensor x) -> Tensor", &mistakes::Identity).autograd<mistakes::ThrowingGrad>();
+  m.def("bad_setup(Tensor x) -> Tensor", &mistakes::Identity).autograd<mistakes::ThrowingSetup>();
+}
+
+// Blocks torch would take but whose kernels read their arguments wrongly:
+// each is refused at load, and the good block above still loads.
+OPFORGE_LIBRARY(MISTAKES_OPTIONAL_NS, m) {
+  m.def("optional_as_tensor(Tensor x, Tensor? w) -> Tensor", &mistakes::TakesTensor);
+}
+OPFORGE_LIBRARY(MISTAKES_ARITY_NS, m) {
+  m.def("too_few(Tensor x, float eps) -> Tensor", &mistakes::TakesOne);
+}

@@ -1,0 +1,120 @@
+"""Mistakes in a user's C++ (tests/cpp_ext/mistakes) never kill the process
+and never pass silently, in both ABI modes. Each case runs in its own
+process, so one that would abort shows as a dead child (its exit status),
+not as a lost test run."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from cpp_ext import build
+from kernel_library import STABLE_BUILDS
+
+MODES = ["unstable", pytest.param("stable", marks=pytest.mark.skipif(
+    not STABLE_BUILDS, reason=f"needs torch 2.10 (this is {torch.__version__}): a stable-ABI library"))]
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def built():
+    return build("tests/cpp_ext/mistakes", "mistakes", f"MISTAKES_STABLE={'ON' if STABLE_BUILDS else 'OFF'}")
+
+
+def run(built, mode, body):
+    """Runs `body` in a fresh process that has loaded the mode's library;
+    returns what it printed. The child must end normally."""
+    prologue = f"""
+        import opforge, torch
+        try:
+            opforge.load_library({os.path.join(built, f"libopforge_test_mistakes_{mode}.so")!r})
+        except RuntimeError as e:
+            load_error = str(e)
+        ops, flat = opforge.ops.mistakes_{mode}, torch.ops.mistakes_{mode}
+
+        def outcome(fn, *args):
+            try:
+                fn(*args)
+            except Exception as e:
+                return f"{{type(e).__name__}}: {{str(e).splitlines()[0]}}"
+            return "no error"
+    """
+    child = subprocess.run([sys.executable, "-c", textwrap.dedent(prologue) + textwrap.dedent(body)],
+                           capture_output=True, text=True, cwd=HERE, timeout=300)
+    assert child.returncode == 0, f"the process died ({child.returncode}):\n{child.stdout}\n{child.stderr}"
+    return child.stdout
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", [0, 1, 2], ids=["int", "struct", "string"])
+def test_a_kernel_throwing_what_is_not_a_std_exception_raises_on_every_path(built, mode, kind):
+    out = run(built, mode, f"""
+        x = torch.ones(2)
+        print(outcome(ops.throws, x, {kind}))
+        print(outcome(flat.throws, x, {kind}))
+        opforge.set_fast_path_enabled(False)
+        print(outcome(ops.throws, x, {kind}))
+    """)
+    expected = (f"RuntimeError: mistakes_{mode}::throws: the CompositeExplicitAutograd kernel threw something "
+                "that is not a std::exception; throw one (TORCH_CHECK does).")
+    assert out.splitlines() == [expected] * 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind, error", [(3, "MemoryError"), (4, "IndexError"), (5, "ValueError")],
+                         ids=["bad_alloc", "out_of_range", "invalid_argument"])
+def test_a_std_exception_is_the_same_python_error_on_every_path(built, mode, kind, error):
+    out = run(built, mode, f"""
+        x = torch.ones(2)
+        print(outcome(flat.throws, x, {kind}))
+        print(outcome(ops.throws, x, {kind}))
+        opforge.set_fast_path_enabled(False)
+        print(outcome(ops.throws, x, {kind}))
+    """).splitlines()
+    assert out[0].startswith(error + ":"), out
+    assert out == [out[0]] * 3
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_backward_throwing_an_int_raises_naming_the_op(built, mode):
+    out = run(built, mode, """
+        x = torch.ones(2, requires_grad=True)
+        print(outcome(lambda: ops.bad_backward(x).sum().backward()))
+        print(outcome(lambda: flat.bad_backward(x).sum().backward()))
+    """)
+    expected = (f"RuntimeError: mistakes_{mode}::bad_backward: the backward threw something that is not a "
+                "std::exception; throw one (TORCH_CHECK does).")
+    assert out.splitlines() == [expected] * 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_setup_context_throwing_an_int_raises_naming_the_op(built, mode):
+    out = run(built, mode, """
+        x = torch.ones(2, requires_grad=True)
+        print(outcome(ops.bad_setup, x))
+        print(outcome(flat.bad_setup, x))
+        print(outcome(ops.bad_setup, torch.ones(2)))  # no gradient wanted: no setup_context
+    """).splitlines()
+    assert out[0] == out[1], out
+    assert out[0].startswith(f"RuntimeError: mistakes_{mode}::bad_setup: "), out
+    assert "setup_context threw something that is not a std::exception" in out[0]
+    assert out[2] == "no error"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kernels_whose_types_are_not_their_schema_are_refused_at_load_and_the_rest_loads(built, mode):
+    out = run(built, mode, f"""
+        print(load_error)
+        print(hasattr(torch.ops.mistakes_optional_{mode}, "optional_as_tensor"))
+        print(hasattr(torch.ops.mistakes_arity_{mode}, "too_few"))
+        print(ops.throws(torch.ones(2), 9).tolist())
+    """)
+    assert (f"mistakes_optional_{mode}::optional_as_tensor: CompositeExplicitAutograd kernel, parameter 'w': is "
+            "const opforge::Tensor& (Tensor) in C++ but Tensor? in the schema. Write it as "
+            "const std::optional<opforge::Tensor>&, or change the schema.") in out
+    assert (f"mistakes_arity_{mode}::too_few: CompositeExplicitAutograd kernel: has 1 parameters but the schema "
+            "has 2 (Tensor x, float eps).") in out
+    assert out.splitlines()[-3:] == ["False", "False", "[1.0, 1.0]"]
