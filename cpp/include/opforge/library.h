@@ -162,18 +162,21 @@ struct StructKernel<R, TypeList<Args...>, TypeList<FlatArgs...>> {
     return fn(Param<Args, kParamOffset<K, Args...>>(r)...);
   }
 
-  Result operator()(FlatArgs... flat) const {
-    return Guard(name.op, name.what.c_str(), [&]() -> Result {
-      auto t = std::forward_as_tuple(flat...);
-      Reader<UnboxedSlots, decltype(t)> r{t};
-      if constexpr (std::is_void_v<R>) {
-        Call(fn, r, std::index_sequence_for<Args...>{});
-      } else if constexpr (kIsStruct<R>) {
-        return Ret<R>::Flatten(Call(fn, r, std::index_sequence_for<Args...>{}));
-      } else {
-        return Call(fn, r, std::index_sequence_for<Args...>{});
-      }
-    });
+  // A function-try-block: no wrapper between torch and the kernel's result.
+  Result operator()(FlatArgs... flat) const try {
+    auto t = std::forward_as_tuple(flat...);
+    Reader<UnboxedSlots, decltype(t)> r{t};
+    if constexpr (std::is_void_v<R>) {
+      Call(fn, r, std::index_sequence_for<Args...>{});
+    } else if constexpr (kIsStruct<R>) {
+      return Ret<R>::Flatten(Call(fn, r, std::index_sequence_for<Args...>{}));
+    } else {
+      return Call(fn, r, std::index_sequence_for<Args...>{});
+    }
+  } catch (const std::exception&) {
+    throw;
+  } catch (...) {
+    ThrowForeign(name.op, name.what.c_str());
   }
 
   FnPtr fn;

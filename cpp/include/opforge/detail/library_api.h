@@ -66,9 +66,14 @@ char* Catch(F&& f, const char* who, std::string (*describe)(const std::exception
   }
 }
 
-// Runs a kernel (or a backward) for torch: what it throws that is not a
-// std::exception becomes a std::runtime_error naming the op and `what` ("the
-// CPU kernel").
+// What a kernel (or a backward) threw that is not a std::exception, thrown
+// again as a std::runtime_error naming the op and `what` ("the CPU kernel").
+[[noreturn]] inline void ThrowForeign(const std::string& op, const char* what) {
+  throw std::runtime_error(Foreign(op + ": " + what));
+}
+
+// Runs `f` for torch, turning what it throws that is not a std::exception
+// into one (ThrowForeign).
 template <class F>
 decltype(auto) Guard(const std::string& op, const char* what, F&& f) {
   try {
@@ -76,7 +81,7 @@ decltype(auto) Guard(const std::string& op, const char* what, F&& f) {
   } catch (const std::exception&) {
     throw;
   } catch (...) {
-    throw std::runtime_error(Foreign(op + ": " + what));
+    ThrowForeign(op, what);
   }
 }
 
