@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <array>
@@ -194,20 +195,26 @@ Route ChooseRoute(OpObject* op, PyObject** tensors, PyObject** kernel) {
 
 // The exception in flight as the Python error torch.ops raises for it, so
 // that its type does not depend on the path: c10's errors as torch
-// translates them (TypeError, IndexError, ...), other std::exceptions as
-// pybind11 does (MemoryError, IndexError, ValueError, RuntimeError), and
-// anything else (`throw 42;` reaching here) a RuntimeError, never an abort.
+// translates them (TypeError, IndexError, ...); other std::exceptions as
+// torch.ops does, which is torch's own translation from torch 2.15
+// (RuntimeError, IndexError for std::out_of_range) and pybind11's before
+// (MemoryError, IndexError, ValueError, RuntimeError); anything else
+// (`throw 42;` reaching here) a RuntimeError, never an abort.
 void RaiseCppError() {
   try {
     throw;
   } catch (py::error_already_set& e) {
     e.restore();
-  } catch (const python_error& e) {
+  } catch (const python_error&) {
     torch::translate_exception_to_python(std::current_exception());
   } catch (const c10::Error&) {
     torch::translate_exception_to_python(std::current_exception());
   } catch (const std::exception&) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
+    torch::translate_exception_to_python(std::current_exception());
+#else
     py::detail::try_translate_exceptions();
+#endif
   } catch (...) {
     PyErr_SetString(PyExc_RuntimeError, "opforge: a C++ exception that is not a std::exception reached Python.");
   }
