@@ -770,4 +770,37 @@ TEST(OpforgeCall, StructOpsAreCalledWithTheirStructsAndStructReturnsComeBack) {
   EXPECT_DOUBLE_EQ(out[1].item<double>(), 6.0);
 }
 
+TEST(OpforgeCall, AReturnTypeWithMoreReturnsThanTheOpIsRefusedBeforeTheCall) {
+  // Reading two returns of a one-return op read past the stack (a tag that
+  // changed from run to run); now nothing is called or read.
+  at::Tensor x = at::ones({2}, at::kDouble);
+  at::Tensor out = at::zeros({2});
+  try {
+    opforge::Call<std::tuple<at::Tensor, at::Tensor>>("opforge_call_test::fill", out, 6.0);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("opforge_call_test::fill: opforge::Call<R> reads 2 returns but the op has "
+                                         "0; name the op's own return type as R"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_DOUBLE_EQ(out[1].item<double>(), 0.0);  // not called
+  // R = void discards what the op returns.
+  opforge::Call("opforge_call_test::apply", x, Cfg{});
+}
+
+struct NeverDeclared {
+  double v = 1.0;
+};
+OPFORGE_STRUCT(NeverDeclared, v);
+
+TEST(OpforgeCompat, RegisterTypesStillCompilesAndRegistersNothing) {
+  const auto before = opforge::TypeRegistry::Global().Names();
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  opforge::RegisterTypes<NeverDeclared>();
+#pragma GCC diagnostic pop
+  EXPECT_EQ(opforge::TypeRegistry::Global().Names(), before);
+}
+
 }  // namespace call_test

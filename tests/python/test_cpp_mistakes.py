@@ -113,6 +113,20 @@ def test_a_setup_context_throwing_an_int_raises_naming_the_op(built, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op, schema_type", [("undefined", "Tensor"), ("undefined_in_tuple", "Tensor"),
+                                             ("undefined_in_list", "Tensor[]")])
+def test_an_undefined_tensor_returned_for_a_tensor_is_an_error_naming_the_op(built, mode, op, schema_type):
+    out = run(built, mode, f"""
+        x = torch.ones(2)
+        print(outcome(ops.{op}, x))
+        print(outcome(flat.{op}, x))
+    """)
+    expected = (f"RuntimeError: mistakes_{mode}::{op}: the CompositeExplicitAutograd kernel returned an undefined "
+                f"tensor where the schema says {schema_type}; return a defined one.")
+    assert out.splitlines() == [expected] * 2
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_kernels_whose_types_are_not_their_schema_are_refused_at_load_and_the_rest_loads(built, mode):
     out = run(built, mode, f"""
         print(load_error)

@@ -46,6 +46,15 @@ def test_opforge_torch_and_package_versions_agree():
     assert opforge.__version__ == declared == _build_info.OPFORGE_VERSION
 
 
+def test_the_torch_requirement_is_the_oldest_torch_the_docs_support():
+    # pip would otherwise replace a supported torch (2.10, say) with a newer one.
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        required = re.search(r'^dependencies = \["torch>=([0-9.]+)"\]', f.read(), re.M).group(1)
+    with open(os.path.join(ROOT, "docs", "versions.md")) as f:
+        oldest = re.search(r"supports torch ([0-9.]+) through", f.read()).group(1)
+    assert required == oldest
+
+
 def test_importing_under_another_torch_minor_fails_with_one_sentence_naming_both_versions():
     fake = f"{MAJOR}.{MINOR + 2}.0+cu999"
     result = import_under(fake)

@@ -85,6 +85,12 @@ class OpRef {
     TORCH_CHECK(stack.size() == op_.schema().arguments().size(), op_.schema().name(), ": opforge::Call got ",
                 stack.size(), " flat arguments but the op takes ", op_.schema().arguments().size(),
                 "; pass the op's parameters as its kernel takes them (structs whole).");
+    // Checked before the call: reading more returns than the op has would
+    // read past them (R = void discards whatever it returns).
+    const size_t returns = op_.schema().returns().size();
+    TORCH_CHECK(std::is_void_v<R> || returns == detail::ResultCount<R>(), op_.schema().name(),
+                ": opforge::Call<R> reads ", detail::ResultCount<R>(), " returns but the op has ", returns,
+                "; name the op's own return type as R (a tuple for several returns).");
     op_.callBoxed(&stack);
     return detail::ReadResults<R, detail::IValueSlots>(stack);
   }

@@ -168,10 +168,14 @@ struct StructKernel<R, TypeList<Args...>, TypeList<FlatArgs...>> {
     Reader<UnboxedSlots, decltype(t)> r{t};
     if constexpr (std::is_void_v<R>) {
       Call(fn, r, std::index_sequence_for<Args...>{});
-    } else if constexpr (kIsStruct<R>) {
-      return Ret<R>::Flatten(Call(fn, r, std::index_sequence_for<Args...>{}));
     } else {
-      return Call(fn, r, std::index_sequence_for<Args...>{});
+      decltype(auto) out = Call(fn, r, std::index_sequence_for<Args...>{});
+      CheckReturned(out, name);
+      if constexpr (kIsStruct<R>) {
+        return Ret<R>::Flatten(std::move(out));
+      } else {
+        return out;  // NRVO, or the reference a Tensor(a!) return is
+      }
     }
   } catch (const std::exception&) {
     throw;

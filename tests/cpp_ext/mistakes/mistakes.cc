@@ -8,6 +8,8 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #ifdef OPFORGE_STABLE_ABI
 #define MISTAKES_NS mistakes_stable
@@ -52,6 +54,11 @@ struct ThrowingSetup {
   static opforge::GradsFor<decltype(Identity)> backward(opforge::AutogradContext*, const Tensor& g) { return {g}; }
 };
 
+// Undefined tensors where the schema says Tensor: alone, in a tuple, in a list.
+Tensor Undefined(const Tensor&) { return Tensor(); }
+std::tuple<Tensor, Tensor> UndefinedInTuple(const Tensor& x) { return {x, Tensor()}; }
+std::vector<Tensor> UndefinedInList(const Tensor& x) { return {x, Tensor()}; }
+
 Tensor TakesTensor(const Tensor& x, const Tensor&) { return x; }
 Tensor TakesOne(const Tensor& x) { return x; }
 
@@ -61,6 +68,9 @@ OPFORGE_LIBRARY(MISTAKES_NS, m) {
   m.def("throws(Tensor x, int kind) -> Tensor", &mistakes::Throws);
   m.def("bad_backward(Tensor x) -> Tensor", &mistakes::Identity).autograd<mistakes::ThrowingGrad>();
   m.def("bad_setup(Tensor x) -> Tensor", &mistakes::Identity).autograd<mistakes::ThrowingSetup>();
+  m.def("undefined(Tensor x) -> Tensor", &mistakes::Undefined);
+  m.def("undefined_in_tuple(Tensor x) -> (Tensor, Tensor)", &mistakes::UndefinedInTuple);
+  m.def("undefined_in_list(Tensor x) -> Tensor[]", &mistakes::UndefinedInList);
 }
 
 // Blocks torch would take but whose kernels read their arguments wrongly:

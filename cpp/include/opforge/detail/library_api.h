@@ -85,6 +85,35 @@ decltype(auto) Guard(const std::string& op, const char* what, F&& f) {
   }
 }
 
+// A kernel's result checked as a Python op's is: an undefined tensor where
+// the schema says Tensor (alone, in a tuple, a Tensor[] or a struct) is an
+// error naming the op, not a None the caller gets.
+[[noreturn]] inline void ThrowUndefinedReturn(const KernelName& name, const char* type) {
+  throw std::runtime_error(name.op + ": " + name.what + " returned an undefined tensor where the schema says " + type +
+                           "; return a defined one.");
+}
+template <class T>
+void CheckReturned(const T& v, const KernelName& name);
+template <class S, size_t... J>
+void CheckFields(const S& s, const KernelName& name, std::index_sequence<J...>) {
+  (CheckReturned(FieldOf<J>(s), name), ...);
+}
+template <class T>
+void CheckReturned(const T& v, const KernelName& name) {
+  using D = std::decay_t<T>;
+  if constexpr (std::is_same_v<D, Tensor>) {
+    if (!v.defined()) ThrowUndefinedReturn(name, "Tensor");
+  } else if constexpr (std::is_same_v<D, std::vector<Tensor>>) {
+    for (const Tensor& t : v) {
+      if (!t.defined()) ThrowUndefinedReturn(name, "Tensor[]");
+    }
+  } else if constexpr (IsStdTupleOf<D>::value) {
+    std::apply([&](const auto&... e) { (CheckReturned(e, name), ...); }, v);
+  } else if constexpr (kIsStruct<D>) {
+    CheckFields(v, name, std::make_index_sequence<kNumFields<D>>{});
+  }
+}
+
 // The C surface's table (opforge/abi.h) of a backend B, whose members Def,
 // Impl, Autograd, Rollback and Warn it calls.
 template <class B>
@@ -247,3 +276,13 @@ std::string RunBlock(LibraryPlan& plan, Backend& backend, void (*init)(LibraryAp
 }
 
 }  // namespace opforge::detail
+
+namespace opforge {
+// Before library blocks declared their own types, a schema naming a struct
+// no kernel took needed this call; a block now declares what its kernels
+// take, and m.types<T...>() the rest.
+template <class... T>
+[[deprecated("opforge::RegisterTypes is no longer needed: an OPFORGE_LIBRARY block declares the types its kernels "
+             "take; list any other with m.types<T...>().")]] void
+RegisterTypes() {}
+}  // namespace opforge

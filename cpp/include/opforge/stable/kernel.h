@@ -46,7 +46,9 @@ struct Invoker {
       if constexpr (std::is_void_v<R>) {
         std::apply(f, args);
       } else {
-        WriteResults<StableSlots>(stack, std::apply(f, args));
+        R out = std::apply(f, args);
+        CheckReturned(out, *slot.name);
+        WriteResults<StableSlots>(stack, std::move(out));
       }
     });
   }
