@@ -36,6 +36,18 @@ class LoweringTest : public ::testing::Test {
   TypeRegistry registry_;
 };
 
+TEST_F(LoweringTest, AnOpPastTorchsArgumentLimitIsRefusedNamingTheCount) {
+  std::vector<FieldText> fields;
+  for (int i = 0; i < 64; ++i) fields.push_back({"f" + std::to_string(i), "float", std::nullopt});
+  AddStruct("Wide", fields);
+  // 64 leaves: torch's limit, still accepted; one tensor more is not.
+  EXPECT_EQ(Lower("ns::ok(Wide cfg) -> ()").flat.arguments.size(), 64u);
+  EXPECT_EQ(ErrorOf("ns::wide(Tensor x, Wide cfg) -> Tensor"),
+            "ns::wide: lowers to 65 flat arguments (each struct field is one); torch's dispatcher takes at most 64. "
+            "Take fewer leaves: keep rarely-set fields out of the op's structs (a Handle carries any object as one "
+            "argument), or split the op.");
+}
+
 TEST_F(LoweringTest, FlatSignatureLowersToItself) {
   const std::string s =
       "mylib::f(Tensor x, SymInt n, float eps=1.0000000000000001e-05, int[] dims=[0], "

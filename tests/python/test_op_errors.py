@@ -320,3 +320,19 @@ def test_typing_forward_ref_objects_resolve(ns):
     f.__annotations__["s"] = typing.ForwardRef("Scalars")
     op = opforge.op(f"{ns}::f")(f)
     assert torch.equal(op(torch.ones(1), Scalars(2.0)), torch.full((1,), 2.0))
+
+
+def test_an_op_whose_struct_leaves_pass_torchs_argument_limit_is_refused_naming_the_count(ns):
+    import dataclasses
+
+    Wide = dataclasses.make_dataclass("Wide", [(f"f{i}", float) for i in range(70)], frozen=True)
+
+    def body(x: Tensor, cfg: Wide) -> Tensor:
+        return x.clone()
+
+    name = f"{ns}::wide"
+    with pytest.raises(ValueError, match=rf"^{name}: lowers to 71 flat arguments \(each struct field is one\); "
+                                         r"torch's dispatcher takes at most 64\. Take fewer leaves"):
+        opforge.op(name)(body)
+    assert not in_torch_ops(name)
+    assert name not in _op.registered_ops()

@@ -88,12 +88,26 @@ class Lowerer {
       out_.returns.push_back(ExpandReturn(ret, ret.name, ret.type, "return value"));
     }
     CheckNames();
+    CheckArgumentCount();
     RestoreDefaultOrder();
     ResolveMutations();
     return std::move(out_);
   }
 
  private:
+  // torch's dispatcher finds an op's dispatch keys with one bit per argument
+  // (c10::utils::bitset): more flat arguments fail in torch, naming nothing.
+  static constexpr size_t kMaxArguments = 64;
+  void CheckArgumentCount() const {
+    const size_t n = out_.flat.arguments.size();
+    if (n <= kMaxArguments) return;
+    throw Error(ErrorKind::kValueError, op_, "",
+                "lowers to " + std::to_string(n) + " flat arguments (each struct field is one); torch's dispatcher "
+                "takes at most " + std::to_string(kMaxArguments) + ".",
+                "Take fewer leaves: keep rarely-set fields out of the op's structs (a Handle carries any object "
+                "as one argument), or split the op.");
+  }
+
   MappingNode Expand(const Argument& origin, const std::string& name, const std::string& flat_name,
                      const std::string& path, const TypePtr& type, const std::optional<Value>& def, bool force_optional,
                      const std::string& where) {
