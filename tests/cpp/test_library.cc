@@ -341,6 +341,17 @@ TEST(LibraryErrors, AKernelWithAParameterTooFewOrAReturnTooManyIsRefusedAtLoad) 
       << many->error();
 }
 
+at::Tensor TakesInt(const at::Tensor& x, int64_t) { return x; }
+
+TEST(LibraryErrors, ADefaultOfAnotherTypeIsALoadError) {
+  // torch would register it and trip over it at the first call.
+  auto* block =
+      Block("opforge_lib_err8", [](opforge::Library& m) { m.def("f(Tensor x, int n=1.5) -> Tensor", &TakesInt); });
+  EXPECT_NE(block->error().find("opforge_lib_err8::f: the default '1.5' is not a value of type int"), std::string::npos)
+      << block->error();
+  EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({"opforge_lib_err8::f", ""}).has_value());
+}
+
 TEST(LibraryErrors, AnImplBlockKernelIsCheckedAgainstTheOpOfAnotherBlock) {
   auto* def = Block("opforge_lib_err7", [](opforge::Library& m) { m.def("f(Tensor x, int n) -> Tensor"); });
   ASSERT_EQ(def->error(), "");

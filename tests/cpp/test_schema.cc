@@ -185,6 +185,31 @@ TEST(SchemaParse, ErrorsPointAtTheOffendingToken) {
   }
 }
 
+TEST(SchemaParse, ADefaultOfAnotherTypeIsAnErrorAtItsToken) {
+  // torch's parser takes these and fails at the op's first call.
+  const std::pair<const char*, const char*> bad[] = {
+      {"a::b(Tensor x, int n=1.5) -> Tensor", "the default '1.5' is not a value of type int"},
+      {"a::b(Tensor x, int n=\"a\") -> Tensor", "the default '\"a\"' is not a value of type int"},
+      {"a::b(Tensor x, str s=3) -> Tensor", "the default '3' is not a value of type str"},
+      {"a::b(Tensor x, bool f=2.5) -> Tensor", "the default '2.5' is not a value of type bool"},
+      {"a::b(Tensor x, float f=True) -> Tensor", "the default 'True' is not a value of type float"},
+  };
+  ParseOptions strict;
+  strict.check_default_types = true;
+  for (const auto& [text, message] : bad) {
+    EXPECT_NO_THROW(ParseSchema(text)) << text;  // as torch's parser, unless asked
+    try {
+      ParseSchema(text, strict);
+      ADD_FAILURE() << "expected a parse error: " << text;
+    } catch (const ParseError& e) {
+      EXPECT_EQ(e.offset(), std::string(text).find('=') + 1) << text;
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+  // What torch reads as the type's value still parses.
+  EXPECT_EQ(ParseSchema("a::b(float x=2, int n=-1, float? y=None, str s='a') -> Tensor", strict).arguments.size(), 4u);
+}
+
 TEST(SchemaParse, ParseTypeAndDefaultStandAlone) {
   EXPECT_EQ(TypeStr(*ParseType("Tensor?[]")), "Tensor?[]");
   EXPECT_EQ(TypeStr(*ParseType("int[2]")), "int[]");

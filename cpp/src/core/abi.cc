@@ -150,6 +150,7 @@ class Commit {
   void LowerOps() {
     LowerOptions options;
     options.scope = ns_;
+    options.check_default_types = true;
     for (size_t i = 0; i < lib_.num_ops; ++i) {
       const std::string text = ns_ + "::" + Str(lib_.ops[i].schema);
       LoweredOp lowered;

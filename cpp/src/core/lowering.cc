@@ -483,6 +483,7 @@ LoweredOp LowerText(std::string_view spec_text, const LowerOptions& options, con
   parse.registry = &registry;
   parse.allow_default_before_required = true;
   parse.scope = options.scope;
+  parse.check_default_types = options.check_default_types;
   FunctionSchema spec;
   try {
     spec = ParseSchema(spec_text, parse);

@@ -178,6 +178,10 @@ struct ParseOptions {
   // Resolves a type name `N` as `scope.N` first (a C++ library's own structs
   // and enums, registered under its op namespace), then as `N`.
   std::string scope;
+  // Refuses a default that is not a value of its argument's type (`int
+  // n=1.5`), which torch's parser takes and its first call trips over. C++
+  // libraries' schemas; the Python front end checks its own defaults, by name.
+  bool check_default_types = false;
 };
 
 // Throws ParseError (with the offset of the bad token) or Error.

@@ -662,14 +662,28 @@ class SchemaParser {
       case TypeKind::kQuantizer:
         L.expect(kNone);
         return Value::None();
-      case TypeKind::kStr:
       case TypeKind::kOptional:
       case TypeKind::kScalar:
-      case TypeKind::kInt:
-      case TypeKind::kBool:
-      case TypeKind::kFloat:
       case TypeKind::kComplex:
         return ParseSingleConstant(kind);
+      case TypeKind::kStr:
+      case TypeKind::kInt:
+      case TypeKind::kBool:
+      case TypeKind::kFloat: {
+        // torch's parser takes `int n=1.5` and fails at the op's first call
+        // (an internal assert); a default must be a value of its type.
+        // (None gets its own message later; complex and int stand for a float, as in torch.)
+        Value v = ParseSingleConstant(kind);
+        using K = Value::Kind;
+        const bool text = v.kind == K::kString, number = v.kind == K::kDouble || v.kind == K::kComplex;
+        const bool ok = kind == TypeKind::kStr    ? !number && v.kind != K::kInt && v.kind != K::kBool
+                        : kind == TypeKind::kInt  ? !text && !number && v.kind != K::kBool
+                        : kind == TypeKind::kBool ? !text && !number
+                                                  : !text && v.kind != K::kBool;
+        if (!ok && options_.check_default_types) L.Fail("the default '" + std::string(L.source().substr(at.begin, L.cur().begin - at.begin)) +
+                        "' is not a value of type " + TypeStr(type), at);
+        return v;
+      }
       case TypeKind::kDevice:
         return ParseDeviceDefault();
       case TypeKind::kList: {

@@ -21,6 +21,8 @@ struct LowerOptions {
   std::vector<std::string> mutates_args;
   // Type names resolve as `scope.Name` first (see ParseOptions::scope).
   std::string scope;
+  // See ParseOptions::check_default_types.
+  bool check_default_types = false;
 };
 
 // What a front end needs to know about one flat argument.
