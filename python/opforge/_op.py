@@ -661,6 +661,9 @@ def _read_signature(name: str, fn: Callable, regs: Registrations, caller) -> Sig
         if kind is _KINDS.POSITIONAL_ONLY:
             raise TypeError(f"{name}: {where}: positional-only parameters are not supported. "
                             f"Remove the '/' from the signature.")
+        if not pname.isascii():
+            raise ValueError(f"{name}: {where}: torch's schemas take ASCII names only. "
+                             f"Rename the parameter (e.g. 'lam' for 'λ').")
         if ann is empty:
             raise SignatureError(name, where, Problem.NO_ANNOTATION, "missing type annotation.", "",
                                  f"Annotate it, e.g. '{pname}: torch.Tensor'.")

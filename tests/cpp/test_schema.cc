@@ -210,6 +210,26 @@ TEST(SchemaParse, ADefaultOfAnotherTypeIsAnErrorAtItsToken) {
   EXPECT_EQ(ParseSchema("a::b(float x=2, int n=-1, float? y=None, str s='a') -> Tensor", strict).arguments.size(), 4u);
 }
 
+TEST(SchemaParse, AnErrorMessageIsValidUtf8WhateverBytesTheSchemaHolds) {
+  // A byte that is not UTF-8 is written as \xNN (Python reads messages as
+  // str); a valid multi-byte character stays as it is.
+  try {
+    ParseSchema("a::b(Tensor x\xff) -> Tensor");
+    FAIL() << "expected a parse error";
+  } catch (const ParseError& e) {
+    EXPECT_NE(std::string(e.what()).find("unexpected character '\\xff' at offset 13:\n  a::b(Tensor x\\xff)"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    ParseSchema("a::b(Tensor \xce\xbb) -> Tensor");
+    FAIL() << "expected a parse error";
+  } catch (const ParseError& e) {
+    EXPECT_NE(std::string(e.what()).find("a::b(Tensor \xce\xbb)"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("\xce'"), std::string::npos) << e.what();  // no lone lead byte
+  }
+}
+
 TEST(SchemaParse, ParseTypeAndDefaultStandAlone) {
   EXPECT_EQ(TypeStr(*ParseType("Tensor?[]")), "Tensor?[]");
   EXPECT_EQ(TypeStr(*ParseType("int[2]")), "int[]");

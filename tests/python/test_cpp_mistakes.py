@@ -140,3 +140,15 @@ def test_kernels_whose_types_are_not_their_schema_are_refused_at_load_and_the_re
     assert (f"mistakes_arity_{mode}::too_few: CompositeExplicitAutograd kernel: has 1 parameters but the schema "
             "has 2 (Tensor x, float eps).") in out
     assert out.splitlines()[-3:] == ["False", "False", "[1.0, 1.0]"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_schema_with_bytes_that_are_not_utf8_is_a_readable_load_error(built, mode):
+    out = run(built, mode, """
+        errors = [e for e in opforge.load_errors() if "mistakes_bytes" in e]
+        print(len(errors), len(opforge.load_errors()) == len(opforge.load_errors()))
+        print(errors[0])
+    """)
+    count, message = out.split("\n", 1)
+    assert count == "1 True"
+    assert f"mistakes_bytes_{mode}::bytes: unexpected character '\\xff'" in message, message

@@ -336,3 +336,14 @@ def test_an_op_whose_struct_leaves_pass_torchs_argument_limit_is_refused_naming_
         opforge.op(name)(body)
     assert not in_torch_ops(name)
     assert name not in _op.registered_ops()
+
+
+def test_a_parameter_name_torch_cannot_hold_is_refused_naming_it(ns):
+    def body(x: Tensor, λ: float) -> Tensor:
+        return x * λ
+
+    name = f"{ns}::f"
+    with pytest.raises(ValueError, match=rf"^{name}: parameter 'λ': torch's schemas take ASCII names only\. "
+                                         r"Rename the parameter"):
+        opforge.op(name)(body)
+    assert not in_torch_ops(name)

@@ -5,6 +5,32 @@
 namespace opforge {
 namespace {
 
+// `text` with every byte that is not part of valid UTF-8 written as \xNN: a
+// message reaches Python as a str (a schema of a C++ library may hold any bytes).
+std::string ValidUtf8(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= text.size() && (n == 1 || c >= 0xC2) && c <= 0xF4;
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
+    if (ok && n > 2) {  // no overlong forms, surrogates or code points past U+10FFFF, as Python decodes
+      const auto c1 = static_cast<unsigned char>(text[i + 1]);
+      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0) && !(c == 0xF0 && c1 < 0x90) &&
+           !(c == 0xF4 && c1 >= 0x90);
+    }
+    if (ok) {
+      out.append(text, i, n);
+      i += n;
+    } else {
+      static const char kHex[] = "0123456789abcdef";
+      out += std::string("\\x") + kHex[c >> 4] + kHex[c & 0xF];
+      ++i;
+    }
+  }
+  return out;
+}
+
 std::string Compose(const std::string& op, const std::string& location,
                     const std::string& what, const std::string& fix) {
   std::string out;
@@ -12,7 +38,7 @@ std::string Compose(const std::string& op, const std::string& location,
   if (!location.empty()) out += location + ": ";
   out += what;
   if (!fix.empty()) out += " " + fix;
-  return out;
+  return ValidUtf8(out);
 }
 
 }  // namespace

@@ -15,10 +15,12 @@
 #define MISTAKES_NS mistakes_stable
 #define MISTAKES_OPTIONAL_NS mistakes_optional_stable
 #define MISTAKES_ARITY_NS mistakes_arity_stable
+#define MISTAKES_BYTES_NS mistakes_bytes_stable
 #else
 #define MISTAKES_NS mistakes_unstable
 #define MISTAKES_OPTIONAL_NS mistakes_optional_unstable
 #define MISTAKES_ARITY_NS mistakes_arity_unstable
+#define MISTAKES_BYTES_NS mistakes_bytes_unstable
 #endif
 
 namespace mistakes {
@@ -80,4 +82,8 @@ OPFORGE_LIBRARY(MISTAKES_OPTIONAL_NS, m) {
 }
 OPFORGE_LIBRARY(MISTAKES_ARITY_NS, m) {
   m.def("too_few(Tensor x, float eps) -> Tensor", &mistakes::TakesOne);
+}
+// A schema holding a byte that is not UTF-8.
+OPFORGE_LIBRARY(MISTAKES_BYTES_NS, m) {
+  m.def("bytes(Tensor x, int n\xff) -> Tensor", &mistakes::TakesOne);
 }
