@@ -177,6 +177,13 @@ class Commit {
     }
   }
 
+  // The op `name` ("ns::op") of this block, or null.
+  const LoweredOp* FindLowered(const std::string& name) const {
+    const auto it = std::find_if(lowered_.begin(), lowered_.end(),
+                                 [&](const LoweredOp& l) { return l.flat.name == name; });
+    return it == lowered_.end() ? nullptr : &*it;
+  }
+
   // A kernel whose C++ types are not its op's schema would read its arguments
   // wrongly: the stable ABI checks nothing, and the C++ API mode's check (torch's)
   // names no opforge type. Each kernel's types (KernelSignature) against the
@@ -188,11 +195,10 @@ class Commit {
     options.scope = ns_;
     for (size_t i = 0; i < lib_.num_kernels; ++i) {
       const std::string op = ns_ + "::" + Str(lib_.kernels[i].op);
-      const auto here = std::find_if(lowered_.begin(), lowered_.end(),
-                                     [&](const LoweredOp& l) { return l.flat.name == op; });
+      const LoweredOp* here = FindLowered(op);
       std::shared_ptr<const LoweredOp> other;  // an op of another C++ library block
-      if (here == lowered_.end() && LibraryRegistry::Global().Find(op)) other = OpSpecRegistry::Global().Find(op);
-      const FunctionSchema* schema = here != lowered_.end() ? &here->original : other ? &other->original : nullptr;
+      if (!here && LibraryRegistry::Global().Find(op)) other = OpSpecRegistry::Global().Find(op);
+      const FunctionSchema* schema = here ? &here->original : other ? &other->original : nullptr;
       if (schema == nullptr || lib_.kernel_signatures[i] == nullptr) continue;
       const std::string signature = lib_.kernel_signatures[i];
       const size_t arrow = signature.find(" -> ");
@@ -334,9 +340,8 @@ class Commit {
     for (size_t i = 0; i < lib_.num_tags; ++i) {
       const OpforgeTagV1& t = lib_.tags[i];
       const std::string op = ns_ + "::" + Str(t.op);
-      const auto lowered = std::find_if(lowered_.begin(), lowered_.end(),
-                                        [&](const LoweredOp& l) { return l.flat.name == op; });
-      if (lowered == lowered_.end()) {
+      const LoweredOp* lowered = FindLowered(op);
+      if (!lowered) {
         throw Error(ErrorKind::kLookupError, op, Str(t.tag), "the op is not defined in this library block.",
                     "Tag the op where it is defined.");
       }

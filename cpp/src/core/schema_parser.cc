@@ -645,6 +645,18 @@ class SchemaParser {
     return FakeKind(type.kind);
   }
 
+  // Whether a default of kind `v` is a value of scalar kind `kind`: None gets
+  // its own message later; an int or a complex stands for a float, as in torch.
+  static bool DefaultFits(TypeKind kind, Value::Kind v) {
+    using K = Value::Kind;
+    switch (kind) {
+      case TypeKind::kStr: return v == K::kString || v == K::kNone;
+      case TypeKind::kInt: return v == K::kInt || v == K::kNone;
+      case TypeKind::kBool: return v == K::kBool || v == K::kInt || v == K::kNone;
+      default: return v != K::kString && v != K::kBool;  // kFloat
+    }
+  }
+
   Value ParseDefaultValue(const Type& type, std::optional<int32_t> N) {
     const Token at = L.cur();
     if (options_.registry) {
@@ -672,16 +684,11 @@ class SchemaParser {
       case TypeKind::kFloat: {
         // torch's parser takes `int n=1.5` and fails at the op's first call
         // (an internal assert); a default must be a value of its type.
-        // (None gets its own message later; complex and int stand for a float, as in torch.)
         Value v = ParseSingleConstant(kind);
-        using K = Value::Kind;
-        const bool text = v.kind == K::kString, number = v.kind == K::kDouble || v.kind == K::kComplex;
-        const bool ok = kind == TypeKind::kStr    ? !number && v.kind != K::kInt && v.kind != K::kBool
-                        : kind == TypeKind::kInt  ? !text && !number && v.kind != K::kBool
-                        : kind == TypeKind::kBool ? !text && !number
-                                                  : !text && v.kind != K::kBool;
-        if (!ok && options_.check_default_types) L.Fail("the default '" + std::string(L.source().substr(at.begin, L.cur().begin - at.begin)) +
-                        "' is not a value of type " + TypeStr(type), at);
+        if (options_.check_default_types && !DefaultFits(kind, v.kind)) {
+          const std::string text(L.source().substr(at.begin, L.cur().begin - at.begin));
+          L.Fail("the default '" + text + "' is not a value of type " + TypeStr(type), at);
+        }
         return v;
       }
       case TypeKind::kDevice:

@@ -33,8 +33,8 @@ char* UnstableBackend::Impl(const char* op, const char* key, void* kernel) {
 }
 
 char* UnstableBackend::Autograd(const char* qualified, void* registrar) {
-  return Catch([&] { reinterpret_cast<AutogradRegistrarFn>(registrar)(*lib_, qualified); }, "the backward's registration",
-               &Describe);
+  auto wire = [&] { reinterpret_cast<AutogradRegistrarFn>(registrar)(*lib_, qualified); };
+  return Catch(wire, "the backward's registration", &Describe);
 }
 
 void UnstableBackend::Warn(const char* message) { TORCH_WARN(message); }
