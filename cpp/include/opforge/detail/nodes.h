@@ -366,6 +366,10 @@ struct StructNode {
 
   template <size_t I, bool InOptional, class Reader, size_t... J>
   static S BuildFields(Reader& r, std::index_sequence<J...>) {
+    static_assert(std::is_default_constructible_v<S>,
+                  "opforge: a struct a kernel takes is built from a default-constructed one, field by field, so it "
+                  "needs a default constructor: give a c10::Device field an initializer (= c10::kCPU), and take "
+                  "a Handle<T> as std::optional<Handle<T>> or as a kernel parameter of its own.");
     S s{};
     if constexpr (InOptional) {
       ((FieldOf<J>(s) = Node<FieldType<S, J>>::template BuildInOptional<I + kOffset<J>>(r)), ...);
