@@ -170,3 +170,59 @@ def test_a_cpp_collective_declares_its_symmetric_input(kernels):
 
         opforge._cpp_ops.refresh()
         assert list(singleton.find("kernels::one_shot_all_reduce").symm_mem_args.get()) == ["input"]
+
+
+def test_the_cpp_all_reduce_picks_one_shot_or_two_shot_by_size_and_world_size(kernels):
+    s = opforge.structs.kernels
+    assert kernels.two_shot_all_reduce.schema == ("kernels::two_shot_all_reduce(Tensor(_0!) input, "
+                                                  "str cfg__reduce_op, str group_name) -> Tensor")
+    assert kernels.all_reduce.schema == ("kernels::all_reduce(Tensor(_0!) input, str cfg__reduce_op, "
+                                         "str group_name, int world_size, int two_shot_min_bytes=-1) -> Tensor")
+    assert opforge.symm_mem_args("kernels::two_shot_all_reduce") == ["input"]
+    assert opforge.symm_mem_args("kernels::all_reduce") == ["input"]
+    never = 2**63 - 1
+    assert {w: kernels.all_reduce_two_shot_min_bytes(w) for w in range(1, 10)} == {
+        1: never, 2: 512 << 10, 3: never, 4: 512 << 10, 5: never, 6: never, 7: never, 8: 256 << 10, 9: never}
+
+    # torch's symm_mem ops have no CPU kernels: stand-ins record which one the op calls.
+    calls = []
+
+    def one_shot(input, reduce_op, group_name):
+        calls.append(("one_shot", reduce_op, group_name))
+        return input * 2
+
+    def two_shot_out(input, reduce_op, group_name, output):
+        calls.append(("two_shot", reduce_op, group_name))
+        return output.copy_(input * 2)
+
+    lib = torch.library.Library("symm_mem", "IMPL")
+    try:
+        lib.impl("one_shot_all_reduce", one_shot, "CPU")
+        lib.impl("two_shot_all_reduce_out", two_shot_out, "CPU")
+
+        def path(nbytes, world_size, *threshold):
+            calls.clear()
+            x = torch.arange(nbytes // 4, dtype=torch.float32)
+            out = kernels.all_reduce(x, s.ReduceCfg(), "7", world_size, *threshold)
+            torch.testing.assert_close(out, torch.arange(nbytes // 4, dtype=torch.float32) * 2)
+            assert len(calls) == 1 and calls[0][1:] == ("sum", "7"), calls
+            return calls[0][0]
+
+        assert path(16, 2) == "one_shot"
+        assert path((512 << 10) - 4, 2) == "one_shot"
+        assert path(512 << 10, 2) == "two_shot"
+        assert path((512 << 10) - 4, 4) == "one_shot"
+        assert path(512 << 10, 4) == "two_shot"
+        assert path((256 << 10) - 4, 8) == "one_shot"
+        assert path(256 << 10, 8) == "two_shot"
+        assert path(4 << 20, 3) == "one_shot"  # no two-shot kernel at 3 or 6 ranks
+        assert path(4 << 20, 6, 0) == "one_shot"
+        assert path(16, 2, 0) == "two_shot"  # the caller's threshold replaces the table's
+        assert path(4 << 20, 8, 8 << 20) == "one_shot"
+        calls.clear()
+        x = torch.ones(8)
+        torch.testing.assert_close(kernels.two_shot_all_reduce(x, s.ReduceCfg(), "7"), torch.full((8,), 2.0))
+        torch.testing.assert_close(kernels.one_shot_all_reduce(x, s.ReduceCfg(), "7"), torch.full((8,), 2.0))
+        assert [c[0] for c in calls] == ["two_shot", "one_shot"]
+    finally:
+        lib._destroy()

@@ -68,6 +68,27 @@ OPFORGE_STRUCT(ReduceCfg, reduce_op);
 Tensor one_shot_all_reduce(const Tensor& input, const ReduceCfg& cfg, const std::string& group_name);
 Tensor one_shot_all_reduce_meta(const Tensor& input, const ReduceCfg& cfg, const std::string& group_name);
 
+// A two-shot all-reduce (reduce-scatter, then all-gather): torch's
+// symm_mem::two_shot_all_reduce_out. It writes this rank's reduced slice
+// into `input` for the peers to gather, so `input` is written (Tensor!).
+// torch runs it at world sizes 2, 4 and 8 only.
+Tensor two_shot_all_reduce(Tensor& input, const ReduceCfg& cfg, const std::string& group_name);
+Tensor two_shot_all_reduce_meta(Tensor& input, const ReduceCfg& cfg, const std::string& group_name);
+
+// The all-reduce that picks one of the two by message size and world size:
+// two-shot from all_reduce_two_shot_min_bytes(world_size) bytes, one-shot
+// below (torch_bindings.cc says why). `world_size` is the group's size (the
+// stable ABI cannot ask a process group), the same on every rank.
+// two_shot_min_bytes >= 0 replaces the table's threshold (0: two-shot at every
+// size the world size allows). `input` is written on the two-shot path.
+Tensor all_reduce(Tensor& input, const ReduceCfg& cfg, const std::string& group_name, int64_t world_size,
+                  int64_t two_shot_min_bytes);
+Tensor all_reduce_meta(Tensor& input, const ReduceCfg& cfg, const std::string& group_name, int64_t world_size,
+                       int64_t two_shot_min_bytes);
+// The smallest message, in bytes, that all_reduce sends two-shot at this
+// world size; INT64_MAX where torch has no two-shot kernel (one-shot always).
+int64_t all_reduce_two_shot_min_bytes(int64_t world_size);
+
 // The functional norm: a new output, and a C++ backward (torch_bindings.cc).
 Tensor rms_norm_fn(const Tensor& input, const Tensor& weight, const NormCfg& cfg);
 Tensor rms_norm_fn_meta(const Tensor& input, const Tensor& weight, const NormCfg& cfg);

@@ -2,6 +2,8 @@
 // a schema in torch's grammar (`Tensor!` for what a kernel writes), then one
 // impl per device. Structs and enums in a schema are this library's own
 // (`NormCfg` is `kernels.NormCfg`; another library may have its NormCfg too).
+#include <limits>
+
 #include "ops.h"
 #include "portable.h"
 
@@ -19,6 +21,52 @@ Tensor one_shot_all_reduce(const Tensor& input, const ReduceCfg& cfg, const std:
 }
 
 Tensor one_shot_all_reduce_meta(const Tensor& input, const ReduceCfg&, const std::string&) { return EmptyLike(input); }
+
+Tensor two_shot_all_reduce(Tensor& input, const ReduceCfg& cfg, const std::string& group_name) {
+  Tensor out = EmptyLike(input);
+  return opforge::Call<Tensor>("symm_mem::two_shot_all_reduce_out", input, cfg.reduce_op, group_name, out);
+}
+
+Tensor two_shot_all_reduce_meta(Tensor& input, const ReduceCfg&, const std::string&) { return EmptyLike(input); }
+
+// Where all_reduce turns from one-shot to two-shot. One-shot reads each
+// peer's whole message, (N - 1) * S bytes per rank, between two barriers;
+// two-shot reads a 1/N slice from each peer twice (reduce, then gather),
+// 2 (N - 1) / N * S bytes, with a third barrier between. One-shot wins while
+// the message is latency-bound, two-shot once it is bandwidth-bound, the sooner
+// the more ranks. vLLM's and SGLang's custom all-reduce switch at 512 KB up to
+// 4 ranks and at 256 KB up to 8 (CustomAllreduce::allreduce in
+// csrc/custom_all_reduce.cuh and sgl-kernel/csrc/allreduce/custom_all_reduce.cuh):
+// taken as they are for 4 and 8. At 2 ranks both move S bytes and vLLM stays
+// one-shot at every size; torch's two kernels differ there (one-shot runs at
+// most 24 x 512 threads, two-shot 24 x 1024, so two-shot keeps twice the
+// loads in flight once the message is large), so 2 ranks switch at 512 KB as 4
+// do, until benchmarks/bench_symm_mem_tp.py --sweep says otherwise. torch's
+// two_shot_all_reduce_out exists for 2, 4 and 8 ranks only: other world sizes
+// stay one-shot.
+int64_t all_reduce_two_shot_min_bytes(int64_t world_size) {
+  switch (world_size) {
+    case 2:
+    case 4: return 512 * 1024;
+    case 8: return 256 * 1024;
+    default: return std::numeric_limits<int64_t>::max();
+  }
+}
+
+Tensor all_reduce(Tensor& input, const ReduceCfg& cfg, const std::string& group_name, int64_t world_size,
+                  int64_t two_shot_min_bytes) {
+  const int64_t table = all_reduce_two_shot_min_bytes(world_size);
+  const int64_t threshold = two_shot_min_bytes >= 0 && table != std::numeric_limits<int64_t>::max()
+                                ? two_shot_min_bytes
+                                : table;
+  const int64_t bytes = input.numel() * static_cast<int64_t>(input.element_size());
+  if (bytes >= threshold) return two_shot_all_reduce(input, cfg, group_name);
+  return one_shot_all_reduce(input, cfg, group_name);
+}
+
+Tensor all_reduce_meta(Tensor& input, const ReduceCfg&, const std::string&, int64_t, int64_t) {
+  return EmptyLike(input);
+}
 
 Tensor rms_norm_fn_meta(const Tensor& input, const Tensor&, const NormCfg&) { return EmptyLike(input); }
 
@@ -70,6 +118,15 @@ OPFORGE_LIBRARY(kernels, ops) {
   ops.def("one_shot_all_reduce(Tensor input, ReduceCfg cfg, str group_name) -> Tensor", &one_shot_all_reduce)
       .symm_mem_args({"input"});
   ops.fake("one_shot_all_reduce", &one_shot_all_reduce_meta);
+  ops.def("two_shot_all_reduce(Tensor! input, ReduceCfg cfg, str group_name) -> Tensor", &two_shot_all_reduce)
+      .symm_mem_args({"input"});
+  ops.fake("two_shot_all_reduce", &two_shot_all_reduce_meta);
+  ops.def("all_reduce(Tensor! input, ReduceCfg cfg, str group_name, int world_size, int two_shot_min_bytes=-1) "
+          "-> Tensor",
+          &all_reduce)
+      .symm_mem_args({"input"});
+  ops.fake("all_reduce", &all_reduce_meta);
+  ops.def("all_reduce_two_shot_min_bytes(int world_size) -> int", &all_reduce_two_shot_min_bytes);
 
   // A functional op with a C++ backward; the kernel serves every device.
   ops.def("rms_norm_fn(Tensor input, Tensor weight, NormCfg cfg) -> Tensor", &rms_norm_fn)
