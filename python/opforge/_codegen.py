@@ -598,7 +598,8 @@ class Builder:
             with w.block():
                 args = [self.rebuild_node(p.node, p.type, lambda i: self.leaves[i].name, True, Where.parameter(p.name))
                         for p in self.params]
-                w.line(f"_o = _check_return(_fn({self.original_call_args(args)}))")
+                leaves = "".join(f"{leaf.name}, " for leaf in self.leaves)
+                w.line(f"_o = _check_return(_fn({self.original_call_args(args)}), ({leaves}))")
                 w.line(f"return {self.flatten_output_expr('_o')}")
             w.line("return fake_kernel")
         return w.text()

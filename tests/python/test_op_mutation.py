@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import pytest
 import torch
 from op_testing import both_paths, fresh_dynamo, graph_breaks, ns, path  # noqa: F401
 
@@ -206,3 +207,84 @@ def test_an_inference_tensor_mutated_with_a_gradient_needed_behaves_alike_on_bot
     else:
         assert all(torch.equal(a, b) for a, b in zip(fast[:2], dispatcher[:2])) and fast[2] == dispatcher[2]
         assert torch.equal(fast[1], torch.ones(4))
+
+
+# --- outputs that alias inputs ---------------------------------------------------
+# An op's outputs are new tensors, as for torch.library.custom_op: a body
+# returning an input (or a view of it) is refused on every path, or
+# `y = op(x); y.add_(1)` would change x eagerly and not in a compiled graph.
+
+
+@dataclass(frozen=True)
+class Split:
+    head: Tensor
+    tail: Tensor
+
+
+ALIASING_BODIES = {
+    "input": (lambda x: x, Tensor),
+    "view": (lambda x: x.view(-1)[1:], Tensor),
+    "twice": (lambda x: (x + 1,) * 2, tuple[Tensor, Tensor]),
+    "in_list": (lambda x: [x * 2, x], list[Tensor]),
+    "in_struct": (lambda x: Split(x * 2, x[1:]), Split),
+}
+
+
+def aliasing_op(ns, kind, fake=True):
+    body, ret = ALIASING_BODIES[kind]
+
+    def fake_fn(x):
+        out = body(x)
+        if isinstance(out, Split):
+            return Split(torch.empty_like(out.head), torch.empty_like(out.tail))
+        if isinstance(out, (tuple, list)):
+            return type(out)(torch.empty_like(t) for t in out)
+        return torch.empty_like(out)
+
+    def alias(x: Tensor):
+        return body(x)
+
+    alias.__annotations__["return"] = ret
+    return opforge.op(f"{ns}::alias_{kind}", fake=fake_fn if fake else None)(alias)
+
+
+@pytest.mark.parametrize("kind", sorted(ALIASING_BODIES))
+def test_a_returned_input_or_view_is_refused_eagerly_through_the_dispatcher_and_compiled(ns, kind):
+    op = aliasing_op(ns, kind)
+    message = rf"{ns}::alias_{kind}: return value: a returned tensor is an input of the op, a view of one"
+    x = torch.arange(4.0)
+    calls = {"fast path": lambda: op(x), "dispatcher": lambda: getattr(torch.ops, ns).__getattr__(f"alias_{kind}")(x),
+             "compiled": lambda: torch.compile(op, fullgraph=True, backend="eager")(x)}
+    for where, call in calls.items():
+        torch._dynamo.reset()
+        with pytest.raises(RuntimeError, match=message):
+            call()
+        assert torch.equal(x, torch.arange(4.0)), where
+
+
+def test_a_fake_returning_its_input_is_refused_when_traced(ns):
+    @opforge.op(f"{ns}::fake_alias", fake=lambda x: x)
+    def fake_alias(x: Tensor) -> Tensor:
+        return x.clone()
+
+    with pytest.raises(Exception, match=rf"{ns}::fake_alias: return value: a returned tensor is an input"):
+        torch.compile(fake_alias, fullgraph=True, backend="eager")(torch.ones(2))
+
+
+def test_returning_the_tensor_the_op_writes_stays_allowed(ns, path):
+    @opforge.op(f"{ns}::scale_", mutates_args=("x",))
+    def scale_(x: Tensor) -> Tensor:
+        return x.mul_(2)
+
+    x = torch.ones(3)
+    y = scale_(x)
+    assert torch.equal(x, torch.full((3,), 2.0)) and y.data_ptr() == x.data_ptr()
+
+
+def test_fresh_outputs_and_outputs_sharing_nothing_pass(ns, path):
+    @opforge.op(f"{ns}::fresh")
+    def fresh(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+        return x + 1, y.clone()
+
+    a, b = fresh(torch.ones(2), torch.zeros(2))
+    assert torch.equal(a, torch.full((2,), 2.0)) and torch.equal(b, torch.zeros(2))

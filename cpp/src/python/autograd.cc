@@ -627,7 +627,7 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
         result = PyObject_Vectorcall(kernel, args, boundary.num_positional(), boundary.body_kwnames());
       }
       if (result == nullptr) return nullptr;
-      out = owned.Add(boundary.CheckReturn(result));
+      out = owned.Add(boundary.CheckReturn(result, {tensors, boundary.num_tensor_slots(), {}}));
       Py_DECREF(result);
       if (out == nullptr) return nullptr;
       if (setup != nullptr) {

@@ -468,7 +468,7 @@ PyObject* Boundary::ConvertReturnNode(Node& node, PyObject* obj) {
   return PyObject_Vectorcall(node.cls.ptr(), fields.items.data(), 0, node.kwnames.ptr());
 }
 
-PyObject* Boundary::CheckReturn(PyObject* value) {
+PyObject* Boundary::CheckReturn(PyObject* value, const BodyInputs& inputs) {
   static const Location kReturnValue{"return value", {}};
   const size_t n = returns_.size();
   if (n == 0) {
@@ -476,7 +476,7 @@ PyObject* Boundary::CheckReturn(PyObject* value) {
     return Fail(PyExc_TypeError, op_, kReturnValue, Context::kReturn,
                 "expected None (the op returns nothing), got " + Describe(value) + ".", "Return None.");
   }
-  if (n == 1) return ConvertReturnNode(returns_[0], value);
+  if (n == 1) return CheckAliases(ConvertReturnNode(returns_[0], value), inputs);
   if (!PyTuple_Check(value) && !PyList_Check(value)) {
     return Fail(PyExc_TypeError, op_, kReturnValue, Context::kReturn,
                 "expected a tuple of " + std::to_string(n) + " values, got " + Describe(value) + ".",
@@ -490,7 +490,91 @@ PyObject* Boundary::CheckReturn(PyObject* value) {
                 "Return a tuple of " + std::to_string(n) + " values.");
   }
   PyObject** items = PySequence_Fast_ITEMS(value);
-  return NewTuple(got, [&](Py_ssize_t i) { return ConvertReturnNode(returns_[i], items[i]); });
+  return CheckAliases(NewTuple(got, [&](Py_ssize_t i) { return ConvertReturnNode(returns_[i], items[i]); }), inputs);
+}
+
+namespace {
+
+using Storages = c10::SmallVector<const c10::StorageImpl*, 4>;
+
+void AddStorage(const at::Tensor& t, Storages& out) {
+  if (t.defined() && t.has_storage()) out.push_back(t.storage().unsafeGetStorageImpl());
+}
+
+// The storages of the tensors in a Python leaf: a tensor, a list of them or anything else.
+void AddStorages(PyObject* obj, Storages& out) {
+  if (THPVariable_Check(obj)) return AddStorage(THPVariable_Unpack(obj), out);
+  if (!PyList_Check(obj) && !PyTuple_Check(obj)) return;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(obj); ++i) {
+    PyObject* item = PySequence_Fast_ITEMS(obj)[i];
+    if (THPVariable_Check(item)) AddStorage(THPVariable_Unpack(item), out);
+  }
+}
+
+bool Contains(const Storages& set, const c10::StorageImpl* s) { return std::find(set.begin(), set.end(), s) != set.end(); }
+
+}  // namespace
+
+// `checked` (a new reference, or null), or null with an error set when a
+// returned tensor shares storage with an input or with another return.
+PyObject* Boundary::CheckAliases(PyObject* checked, const BodyInputs& inputs) {
+  if (checked == nullptr || (inputs.num_slots == 0 && inputs.leaves.empty())) return checked;
+  Storages returned;
+  if (leaf_returns_) {
+    if (returns_.size() == 1) {
+      AddStorages(checked, returned);
+    } else {
+      for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(checked); ++i) AddStorages(PyTuple_GET_ITEM(checked, i), returned);
+    }
+  } else {
+    const size_t nflat = flat_.returns().size();
+    c10::SmallVector<PyObject*, 8> flat(nflat, nullptr);
+    const bool ok = FlattenOutput(checked, flat.data());
+    for (PyObject* f : flat) {
+      if (f != nullptr) AddStorages(f, returned);
+    }
+    for (PyObject* f : flat) Py_XDECREF(f);
+    if (!ok) {
+      Py_DECREF(checked);
+      return nullptr;
+    }
+  }
+  if (returned.empty()) return checked;
+  // Inputs the op declares it writes may come back (ctx.mark_dirty's case).
+  Storages in;
+  auto written_leaf = [&](size_t i) {
+    const auto& alias = flat_.arguments()[i].alias_info();
+    return alias != nullptr && alias->isWrite();
+  };
+  for (size_t i = 0; i < inputs.num_slots; ++i) {
+    const bool written = inputs.flat_objects ? written_leaf(i)
+                                             : std::find(mutated_slots_.begin(), mutated_slots_.end(),
+                                                         static_cast<int>(i)) != mutated_slots_.end();
+    if (inputs.slots[i] != nullptr && !written) AddStorages(inputs.slots[i], in);
+  }
+  for (size_t i = 0; i < inputs.leaves.size(); ++i) {
+    if (written_leaf(i)) continue;
+    const c10::IValue& v = inputs.leaves[i];
+    if (v.isTensor()) {
+      AddStorage(v.toTensor(), in);
+    } else if (v.isList()) {
+      for (const c10::IValue& item : v.toListRef()) {
+        if (item.isTensor()) AddStorage(item.toTensor(), in);
+      }
+    }
+  }
+  bool shared = std::any_of(returned.begin(), returned.end(), [&](const c10::StorageImpl* s) { return Contains(in, s); });
+  for (size_t i = 0; !shared && i < returned.size(); ++i) {
+    shared = std::find(returned.begin() + static_cast<std::ptrdiff_t>(i) + 1, returned.end(), returned[i]) !=
+             returned.end();
+  }
+  if (!shared) return checked;
+  Py_DECREF(checked);
+  static const Location kReturnValue{"return value", {}};
+  return Fail(PyExc_RuntimeError, op_, kReturnValue, Context::kReturn,
+              "a returned tensor is an input of the op, a view of one, or another returned tensor: an op's outputs "
+              "are new tensors (eager would hand back the input, a compiled graph a copy).",
+              "Return a copy (x.clone()), or write into the input through mutates_args and return nothing.");
 }
 
 // --- the dispatcher path -----------------------------------------------------
@@ -685,12 +769,15 @@ void InitBoundary(py::module_& m) {
       .def("convert", &Boundary::ConvertCall,
            "The call's arguments bound to the original parameters and converted: a tuple, one per parameter.")
       .def("check_return",
-           [](Boundary& b, py::handle value) {
-             PyObject* out = b.CheckReturn(value.ptr());
+           [](Boundary& b, py::handle value, const py::tuple& inputs) {
+             const auto n = static_cast<size_t>(PyTuple_GET_SIZE(inputs.ptr()));
+             PyObject* out = b.CheckReturn(value.ptr(), {PySequence_Fast_ITEMS(inputs.ptr()), n, {}, true});
              if (out == nullptr) throw py::error_already_set();
              return py::reinterpret_steal<py::object>(out);
            },
-           py::arg("value"), "The body's return value checked and converted against the schema's returns.")
+           py::arg("value"), py::arg("inputs") = py::tuple(),
+           "The body's return value checked and converted against the schema's returns; with the flat `inputs`, "
+           "a returned tensor sharing storage with one of them is refused.")
       .def("flat_defaults", &Boundary::FlatDefaults,
            "Per flat argument: None, or a 1-tuple with the default a Python kernel receives for it.")
       .def("check_defaults", &Boundary::CheckDefaults, "Raises if a parameter's default does not convert to its type.")

@@ -43,6 +43,16 @@ struct Owned {
   }
 };
 
+// The tensors a body was called with: the fast path's tensor slots (each a
+// tensor, None or a list of tensors), the flat leaves as Python objects
+// (`flat_objects`), or the dispatcher's flat leaves.
+struct BodyInputs {
+  PyObject* const* slots = nullptr;
+  size_t num_slots = 0;
+  c10::ArrayRef<c10::IValue> leaves;
+  bool flat_objects = false;
+};
+
 // A small cache of struct instances that passed unchanged: frozen
 // dataclasses of scalars cannot change, so the next call with the same
 // instance needs no check. Holds strong references.
@@ -115,7 +125,11 @@ class Boundary {
   bool ConvertAll(PyObject* const* values, PyObject** out, PyObject** tensors, Owned& keep);
 
   // A new reference to the converted return value, or null with an error set.
-  PyObject* CheckReturn(PyObject* value);
+  // With the body's inputs, a returned tensor that shares storage with one of
+  // them or with another return is refused, as torch.library.custom_op does:
+  // the compiled graph would give the caller a fresh tensor where eager gives
+  // the input itself.
+  PyObject* CheckReturn(PyObject* value, const BodyInputs& inputs = {});
 
   // The flat arguments of converted values (ConvertAll's `out`), in schema
   // order, as the dispatcher takes them. False with an error set.
@@ -173,6 +187,7 @@ class Boundary {
   // One enum member or Literal value (kEnum, kLiteral).
   PyObject* ConvertChoice(const Node& node, PyObject* item, Context ctx);
   PyObject* ConvertReturnNode(Node& node, PyObject* obj);
+  PyObject* CheckAliases(PyObject* checked, const BodyInputs& inputs);
   // The flat leaves of converted values, borrowed from them or from `owned`
   // (new references: enum values, handles). False with an error set.
   bool FlattenLeaves(PyObject* const* converted, PyObject** leaves, Owned& owned);

@@ -287,7 +287,7 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
         result = PyObject_Vectorcall(kernel, out, b->num_positional(), b->body_kwnames());
       }
       if (result == nullptr) return nullptr;
-      PyObject* checked = b->CheckReturn(result);
+      PyObject* checked = b->CheckReturn(result, {tensors, nslots, {}});
       Py_DECREF(result);
       return checked;
     }
