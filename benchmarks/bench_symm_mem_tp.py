@@ -1,123 +1,573 @@
-"""A tensor-parallel MLP step over two GPUs, its reduction through an opforge
-C++ op with a symmetric input (docs/symm_mem.md), against the same step
-reduced with torch.distributed and with torch's own one-shot all-reduce.
+"""Symmetric-memory all-reduce on the GPUs of one host: opforge's C++ op
+against torch's symm_mem ops called directly and against NCCL, alone over a
+range of sizes and inside a tensor-parallel MLP step (docs/symm_mem.md).
 
-    python benchmarks/bench_symm_mem_tp.py [--stable] [--tokens 64] [--hidden 4096]
+    python benchmarks/bench_symm_mem_tp.py [--world-size N] [--stable] [--sweep] [--dtype fp32,bf16]
+        [--tokens 64,512] [--hidden 4096] [--profile DIR] [--json PATH]
 
-Each rank holds a column shard of w1 and a row shard of w2:
-    y = all_reduce(gelu(x @ w1_shard) @ w2_shard)
-compiled with fullgraph=True:
-  opforge   kernels::one_shot_all_reduce (examples/kernel_library), whose
-            `input` is a symm_mem argument: Inductor computes the partial sum
-            straight into a symmetric buffer
-  nccl      torch.distributed's functional all_reduce (NCCL)
-and, eagerly,
-  symm_mem  torch.ops.symm_mem.one_shot_all_reduce on a symmetric buffer the
-            step copies its partial sum into (what calling it directly costs)
-Prints the step times and their ratios on rank 0; checks every result equals
-the nccl step. NVLink multicast stays off (TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
-NCCL_NVLS_ENABLE=0). Needs two CUDA GPUs.
+One rank per GPU (--world-size, default every GPU of the host, at least 2).
+
+--sweep times the all-reduce alone at each of --sizes, for each --dtype:
+  opforge        kernels::all_reduce (examples/kernel_library): one-shot or
+                 two-shot by size and world size (its `path` column)
+  one-shot       torch.ops.symm_mem.one_shot_all_reduce
+  two-shot_      torch.ops.symm_mem.two_shot_all_reduce_ (in place)
+  two-shot out   torch.ops.symm_mem.two_shot_all_reduce_out, which the op
+                 calls (2, 4 and 8 ranks)
+  nccl           torch.distributed.all_reduce (in place)
+  funcol         torch.distributed._functional_collectives.all_reduce, waited
+The symm_mem ops read a symmetric buffer, NCCL an ordinary one; timed calls
+reduce zeros (an in-place reduction of anything else grows every call).
+
+The TP MLP step, y = all_reduce(gelu(x @ w1_shard) @ w2_shard), each rank
+holding a column shard of w1 and a row shard of w2, for each of --tokens:
+  opforge            compiled (fullgraph) with kernels::all_reduce: Inductor
+                     computes the partial sum straight into a symmetric buffer
+  nccl               compiled with funcol.all_reduce
+  matmuls            compiled gelu(x @ w1_shard) @ w2_shard, no all-reduce
+  matmuls + direct   compiled gelu(x @ w1_shard), then torch.mm(..., out=) into
+                     a symmetric buffer and torch's symm_mem op of the same
+                     path as opforge's, called eagerly: the step by hand
+  all-reduce alone   that direct op by itself
+Every figure is timed twice: eager launches (the time per call of many calls,
+torch.cuda.synchronize at both ends) and a CUDA graph (--graph-calls calls
+captured in one graph, replayed, divided); tables show the slowest rank.
+Every result is checked against NCCL's on every rank (float32 to within
+torch.testing's float32 tolerances, bfloat16 to within its bfloat16 ones,
+both scaled for a sum of N terms).
+
+--profile DIR writes torch.profiler traces (CPU and CUDA) of --profile-steps
+compiled opforge steps and as many matmuls-only steps on rank 0, and prints
+the top 25 ops by self CPU time of each. --json PATH writes every figure.
+NVLink multicast stays off in every rank: TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
+NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1, set before torch starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NO_MULTICAST = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0"}
+NO_MULTICAST = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
+SIZES = "16K,64K,256K,512K,1M,4M,16M,64M"
+DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+# torch.testing.assert_close's defaults (rtol, atol).
+TOLERANCES = {"float32": (1.3e-6, 1e-5), "bfloat16": (1.6e-2, 1e-5)}
+SWEEP_METHODS = ("opforge", "one-shot", "two-shot_", "two-shot out", "nccl", "funcol")
+STEPS = ("opforge", "nccl", "matmuls", "matmuls + direct", "all-reduce alone")
+NEVER = 2**63 - 1  # kernels::all_reduce_two_shot_min_bytes where torch has no two-shot kernel
 
 
-def rank_main(rank: int, port: int, library: str, tokens: int, hidden: int, steps: int) -> None:
+def parse_bytes(text: str) -> int:
+    """'16K' -> 16384, '4M' -> 4194304, '512' -> 512."""
+    text = text.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    value = int(text[:-1] if scale > 1 else text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size must be positive")
+    return value * scale
+
+
+def parse_list(kind):
+    def parse(text: str) -> list:
+        try:
+            return [kind(item) for item in text.split(",") if item.strip()]
+        except (ValueError, KeyError) as e:
+            raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    return parse
+
+
+def dtype_name(text: str) -> str:
+    if text.strip() not in DTYPES:
+        raise KeyError(f"unknown dtype {text.strip()!r}; use fp32 or bf16")
+    return DTYPES[text.strip()]
+
+
+def size_label(nbytes: int) -> str:
+    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def tolerances(dtype: str, world_size: int, amax: float) -> tuple[float, float]:
+    """assert_close's (rtol, atol) for `dtype`, scaled for a sum of
+    `world_size` terms of magnitude up to `amax`: each add may round by the
+    dtype's rtol relative to a partial sum of up to world_size * amax."""
+    rtol, atol = TOLERANCES[dtype]
+    return rtol * world_size, atol * world_size + rtol * world_size * amax
+
+
+def parser() -> argparse.ArgumentParser:
+    first, rest = __doc__.split("\n\n", 1)
+    p = argparse.ArgumentParser(description=" ".join(first.split()), epilog=rest,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--world-size", type=int, help="ranks, one per GPU (default: every GPU of the host)")
+    p.add_argument("--stable", action="store_true", help="the stable-ABI build of the example library")
+    p.add_argument("--sweep", action="store_true", help="time the all-reduce alone at each of --sizes")
+    p.add_argument("--sizes", type=parse_list(parse_bytes), default=parse_list(parse_bytes)(SIZES),
+                   help=f"all-reduce sizes in bytes for --sweep (default {SIZES})")
+    p.add_argument("--dtype", type=parse_list(dtype_name), default=["float32", "bfloat16"],
+                   help="dtypes for --sweep: fp32, bf16 or both, comma-separated (default fp32,bf16)")
+    p.add_argument("--tokens", type=parse_list(int), default=[64, 512], help="TP step token counts (default 64,512)")
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--step-dtype", type=dtype_name, default="bfloat16", help="the TP step's dtype (default bf16)")
+    p.add_argument("--no-step", action="store_true", help="skip the TP step (with --sweep: the sweep alone)")
+    p.add_argument("--two-shot-min-bytes", type=int, default=-1,
+                   help="kernels::all_reduce's two-shot threshold (default -1: the library's table)")
+    p.add_argument("--iters", type=int, default=200, help="eager calls per figure (fewer above 8 MB)")
+    p.add_argument("--graph-calls", type=int, default=50, help="calls captured per CUDA graph (fewer above 4 MB)")
+    p.add_argument("--replays", type=int, default=20, help="replays of each CUDA graph")
+    p.add_argument("--profile", metavar="DIR", help="write profiler traces of the TP step on rank 0 to DIR")
+    p.add_argument("--profile-steps", type=int, default=20)
+    p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
+    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--library", help=argparse.SUPPRESS)
+    return p
+
+
+# One rank
+
+class Rank:
+    """What every part of a rank's run needs."""
+
+    def __init__(self, args):
+        import torch
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        import opforge
+
+        self.args = args
+        self.rank, self.world = args.rank, args.world_size
+        torch.cuda.set_device(self.rank)
+        self.device = torch.device("cuda", self.rank)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{args.port}", rank=self.rank,
+                                world_size=self.world, device_id=self.device)
+        self.group = dist.group.WORLD.group_name
+        enable = symm_mem.enable_symm_mem_for_group
+        if not getattr(enable, "__deprecated__", None):  # torch that still needs it
+            enable(self.group)
+        opforge.load_library(args.library)
+        self.kernels = opforge.ops.kernels
+        self.cfg = opforge.structs.kernels.ReduceCfg("sum")
+        self.table = self.kernels.all_reduce_two_shot_min_bytes(self.world)
+        self.checks: list[dict] = []
+        self.errors: list[dict] = []
+
+    def path(self, nbytes: int) -> str:
+        """The path kernels::all_reduce takes for a message of `nbytes` (its rule)."""
+        if self.table == NEVER:
+            return "one-shot"
+        threshold = self.args.two_shot_min_bytes if self.args.two_shot_min_bytes >= 0 else self.table
+        return "two-shot" if nbytes >= threshold else "one-shot"
+
+    def symmetric(self, shape, dtype):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        buf = symm_mem.empty(*shape, dtype=dtype, device=self.device)
+        symm_mem.rendezvous(buf, self.group)
+        return buf
+
+    def reference(self, x):
+        """NCCL's sum of x over the ranks, and the largest |x| of any rank."""
+        import torch.distributed as dist
+
+        want = x.clone()
+        dist.all_reduce(want)
+        amax = x.abs().max().float().reshape(1)
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX)
+        return want, amax.item()
+
+    def check(self, what: str, got, want, dtype: str, amax: float) -> None:
+        import torch
+
+        rtol, atol = tolerances(dtype, self.world, amax)
+        mismatch = ""
+        try:
+            torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+        except AssertionError as e:
+            mismatch = str(e)
+        self.checks.append({"what": what, "rank": self.rank, "ok": not mismatch, "mismatch": mismatch,
+                            "max_error": (got.float() - want.float()).abs().max().item(), "rtol": rtol, "atol": atol})
+
+    def time(self, what: str, fn, nbytes: int) -> dict:
+        """Microseconds per call of fn: eager launches and in a CUDA graph."""
+        out = {}
+        for mode, timer in (("eager", self.eager_us), ("graph", self.graph_us)):
+            try:
+                out[mode] = timer(fn, nbytes)
+            except Exception as e:  # noqa: BLE001 - one failed figure must not lose the others
+                out[mode] = None
+                self.errors.append({"what": f"{what} ({mode})", "rank": self.rank,
+                                    "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]})
+        return out
+
+    def aligned(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.synchronize()
+
+    def eager_us(self, fn, nbytes: int) -> float:
+        import torch
+
+        iters = max(10, min(self.args.iters, (2 << 30) // max(nbytes, 1)))
+        for _ in range(5):
+            fn()
+        self.aligned()
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / iters * 1e6
+
+    def graph_us(self, fn, nbytes: int) -> float:
+        import torch
+
+        calls = max(2, min(self.args.graph_calls, (256 << 20) // max(nbytes, 1)))
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm up off the default stream, as capture wants
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.aligned()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # thread_local: NCCL's watchdog thread may query its events while this thread captures.
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                for _ in range(calls):
+                    fn()
+            graph.replay()
+            self.aligned()
+            start = time.perf_counter()
+            for _ in range(self.args.replays):
+                graph.replay()
+            torch.cuda.synchronize()
+            return (time.perf_counter() - start) / (self.args.replays * calls) * 1e6
+        finally:
+            del graph
+            torch.cuda.empty_cache()
+
+
+def sweep(r: Rank) -> list[dict]:
     import torch
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
-    import torch.distributed._symmetric_memory as symm_mem
-    from torch._C._distributed_c10d import _SymmetricMemory
 
-    import opforge
+    rows = []
+    # Bound once, torch's ops as their overloads: what each call costs is the op's own.
+    all_reduce, cfg, group, world, threshold = r.kernels.all_reduce, r.cfg, r.group, r.world, r.args.two_shot_min_bytes
+    one_shot = torch.ops.symm_mem.one_shot_all_reduce.default
+    two_shot_ = torch.ops.symm_mem.two_shot_all_reduce_.default
+    two_shot_out = torch.ops.symm_mem.two_shot_all_reduce_out.default
+    for dtype_text in r.args.dtype:
+        dtype = getattr(torch, dtype_text)
+        whole = r.symmetric((max(r.args.sizes) // dtype.itemsize,), dtype)
+        plain = torch.empty_like(whole, memory_format=torch.contiguous_format)
+        for nbytes in r.args.sizes:
+            numel = nbytes // dtype.itemsize
+            sbuf, rbuf = whole[:numel], plain[:numel]
 
-    torch.cuda.set_device(rank)
-    device = torch.device("cuda", rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            device_id=device)
-    group = dist.group.WORLD.group_name
-    enable = symm_mem.enable_symm_mem_for_group
-    if not getattr(enable, "__deprecated__", None):
-        enable(group)
-    opforge.load_library(library)
-    cfg = opforge.structs.kernels.ReduceCfg("sum")
+            def funcol_all_reduce():
+                out = funcol.all_reduce(rbuf, "sum", group)
+                return out.wait() if hasattr(out, "wait") else out
 
-    g = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16, generator=g)
-    w1 = torch.randn(hidden, 4 * hidden, device=device, dtype=torch.bfloat16, generator=g) / hidden**0.5
-    w2 = torch.randn(4 * hidden, hidden, device=device, dtype=torch.bfloat16, generator=g) / (4 * hidden) ** 0.5
-    shard = 4 * hidden // 2
-    w1_shard = w1[:, rank * shard:(rank + 1) * shard].contiguous()
-    w2_shard = w2[rank * shard:(rank + 1) * shard].contiguous()
+            def nccl_all_reduce():
+                dist.all_reduce(rbuf)
+                return rbuf
+
+            methods = {
+                "opforge": lambda: all_reduce(sbuf, cfg, group, world, threshold),
+                "one-shot": lambda: one_shot(sbuf, "sum", group),
+                "two-shot_": lambda: two_shot_(sbuf, "sum", group),
+                "two-shot out": lambda: two_shot_out(sbuf, "sum", group, torch.empty_like(sbuf)),
+                "nccl": nccl_all_reduce,
+                "funcol": funcol_all_reduce,
+            }
+            if r.world not in (2, 4, 8):  # torch's two_shot_all_reduce_out has no kernel for it
+                del methods["two-shot out"]
+
+            g = torch.Generator(device=r.device).manual_seed(nbytes * r.world + r.rank)
+            x = torch.randn(numel, device=r.device, generator=g).to(dtype)
+            want, amax = r.reference(x)
+            row = {"dtype": dtype_text, "bytes": nbytes, "path": r.path(nbytes), "times": {}}
+            for name, fn in methods.items():
+                sbuf.copy_(x)
+                rbuf.copy_(x)
+                try:
+                    got = fn().clone()
+                except Exception as e:  # noqa: BLE001
+                    r.errors.append({"what": f"{name} {dtype_text} {size_label(nbytes)}", "rank": r.rank,
+                                     "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]})
+                    continue
+                r.check(f"all-reduce {name} {dtype_text} {size_label(nbytes)}", got, want, dtype_text, amax)
+                dist.barrier()
+                sbuf.zero_()
+                rbuf.zero_()
+                row["times"][name] = r.time(f"{name} {dtype_text} {size_label(nbytes)}", fn, nbytes)
+            rows.append(row)
+        del whole, plain
+        torch.cuda.empty_cache()
+    return rows
+
+
+def tp_steps(r: Rank) -> tuple[list[dict], list[dict]]:
+    import torch
+    import torch.distributed._functional_collectives as funcol
+
+    rows, profiles = [], []
+    all_reduce, cfg, group, world, threshold = r.kernels.all_reduce, r.cfg, r.group, r.world, r.args.two_shot_min_bytes
+    one_shot = torch.ops.symm_mem.one_shot_all_reduce.default
+    two_shot_out = torch.ops.symm_mem.two_shot_all_reduce_out.default
+    hidden, dtype_text = r.args.hidden, r.args.step_dtype
+    dtype = getattr(torch, dtype_text)
+    if (4 * hidden) % r.world:
+        raise SystemExit(f"--hidden {hidden}: 4 * hidden must split evenly over {r.world} ranks")
+    shard = 4 * hidden // r.world
+    g = torch.Generator(device=r.device).manual_seed(0)  # the same weights on every rank
+    w1 = torch.randn(hidden, 4 * hidden, device=r.device, dtype=dtype, generator=g) / hidden**0.5
+    w2 = torch.randn(4 * hidden, hidden, device=r.device, dtype=dtype, generator=g) / (4 * hidden) ** 0.5
+    w1_shard = w1[:, r.rank * shard:(r.rank + 1) * shard].contiguous()
+    w2_shard = w2[r.rank * shard:(r.rank + 1) * shard].contiguous()
+    del w1, w2
+
+    def first(x):
+        return torch.nn.functional.gelu(x @ w1_shard)
 
     def partial(x):
-        return torch.nn.functional.gelu(x @ w1_shard) @ w2_shard
+        return first(x) @ w2_shard
 
-    def step_opforge(x):
-        return opforge.ops.kernels.one_shot_all_reduce(partial(x), cfg, group)
+    for tokens in r.args.tokens:
+        x = torch.randn(tokens, hidden, device=r.device, dtype=dtype, generator=g)
+        nbytes = tokens * hidden * dtype.itemsize
+        path = r.path(nbytes)
+        sbuf = r.symmetric((tokens, hidden), dtype)
+        if path == "two-shot":
+            def direct():
+                return two_shot_out(sbuf, "sum", group, torch.empty_like(sbuf))
+        else:
+            def direct():
+                return one_shot(sbuf, "sum", group)
 
-    def step_nccl(x):
-        return funcol.all_reduce(partial(x), "sum", group)
+        def step_opforge(x):
+            return all_reduce(partial(x), cfg, group, world, threshold)
 
-    buf = _SymmetricMemory.empty_strided_p2p((tokens, hidden), (hidden, 1), torch.bfloat16, device, group)
-    symm_mem.rendezvous(buf, group)
+        def step_nccl(x):
+            return funcol.all_reduce(partial(x), "sum", group)
 
-    def step_symm_mem(x):
-        buf.copy_(partial(x))
-        return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group)
+        torch._dynamo.reset()
+        first_compiled = torch.compile(first, fullgraph=True)
 
-    steps_by_name = {
-        "opforge": torch.compile(step_opforge, fullgraph=True),
-        "nccl": torch.compile(step_nccl, fullgraph=True),
-        "symm_mem": step_symm_mem,
-    }
-    want = steps_by_name["nccl"](x)
-    errors = {name: (fn(x) - want).abs().max().item() for name, fn in steps_by_name.items()}
-    times = {}
-    for name, fn in steps_by_name.items():
-        for _ in range(10):
-            fn(x)
+        def by_hand(x):
+            torch.mm(first_compiled(x), w2_shard, out=sbuf)
+            return direct()
+
+        steps = {
+            "opforge": torch.compile(step_opforge, fullgraph=True),
+            "nccl": torch.compile(step_nccl, fullgraph=True),
+            "matmuls": torch.compile(partial, fullgraph=True),
+            "matmuls + direct": by_hand,
+        }
+        outs = {name: fn(x) for name, fn in steps.items()}  # compiles
+        want, amax = r.reference(outs["matmuls"])
+        label = f"TP step {dtype_text} tokens {tokens}"
+        for name in ("opforge", "nccl", "matmuls + direct"):
+            r.check(f"{label}: {name}", outs[name], want, dtype_text, amax)
+        row = {"tokens": tokens, "hidden": hidden, "dtype": dtype_text, "bytes": nbytes, "path": path, "times": {}}
+        for name, fn in steps.items():
+            row["times"][name] = r.time(f"{label}: {name}", lambda fn=fn: fn(x), nbytes)
+        sbuf.zero_()
+        row["times"]["all-reduce alone"] = r.time(f"{label}: all-reduce alone", direct, nbytes)
+        rows.append(row)
+        if r.args.profile:
+            for name in ("opforge", "matmuls"):
+                profiles.append(profile_steps(r, f"{name}_tokens{tokens}", lambda fn=steps[name]: fn(x)))
+        del sbuf
+    return rows, profiles
+
+
+def profile_steps(r: Rank, name: str, fn) -> dict:
+    """--profile-steps calls of fn, under torch.profiler on rank 0 (every
+    rank makes the calls: the step's collectives need them all)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    r.aligned()
+    if r.rank != 0:
+        for _ in range(r.args.profile_steps):
+            fn()
         torch.cuda.synchronize()
-        dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(steps):
-            fn(x)
-        end.record()
+        return {}
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(r.args.profile_steps):
+            fn()
         torch.cuda.synchronize()
-        times[name] = start.elapsed_time(end) / steps * 1000
-    if rank == 0:
-        print(f"TP MLP step, 2 ranks, bf16 [{tokens}, {hidden}] x [{hidden}, {4 * hidden}] (torch {torch.__version__})")
-        for name, us in times.items():
-            print(f"  {name:10} {us:9.1f} µs/step   {us / times['nccl']:.3f}x nccl   "
-                  f"{us / times['symm_mem']:.3f}x symm_mem   max |diff| vs nccl {errors[name]:.3g}")
+    os.makedirs(r.args.profile, exist_ok=True)
+    trace = os.path.join(r.args.profile, f"{name}.json")
+    prof.export_chrome_trace(trace)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    return {"name": name, "trace": trace, "steps": r.args.profile_steps, "table": table}
+
+
+def rank_main(args) -> int:
+    for key, value in NO_MULTICAST.items():
+        if os.environ.get(key) != value:
+            raise SystemExit(f"rank {args.rank}: {key} must be {value} before torch starts")
+    import torch
+    import torch.distributed as dist
+    from torch._inductor import config as inductor_config
+
+    r = Rank(args)
+    report = {"rank": r.rank, "sweep": [], "steps": [], "profiles": []}
+    if args.sweep:
+        report["sweep"] = sweep(r)
+    if not args.no_step:
+        report["steps"], report["profiles"] = tp_steps(r)
+    report["checks"], report["errors"] = r.checks, r.errors
+    reports = [None] * r.world if r.rank == 0 else None
+    dist.gather_object(report, reports, dst=0)
+    failed = any(not c["ok"] for rep in (reports or [report]) for c in rep["checks"])
+    if r.rank == 0:
+        collective = getattr(inductor_config, "_collective", None)
+        meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(r.device), "world_size": r.world,
+                "library": args.library, "stable": args.stable, "two_shot_min_bytes": r.table,
+                "two_shot_min_bytes_override": args.two_shot_min_bytes,
+                "inductor_collective_auto_select": getattr(collective, "auto_select", None),
+                "env": {key: os.environ.get(key) for key in NO_MULTICAST},
+                "iters": args.iters, "graph_calls": args.graph_calls, "replays": args.replays}
+        print(render(meta, reports))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "sweep": merged(reports, "sweep"), "steps": merged(reports, "steps"),
+                           "per_rank": reports}, f, indent=1)
+            print(f"\nwrote {args.json}")
     dist.barrier()
     dist.destroy_process_group()
-    assert all(e < 2e-2 for e in errors.values()), errors
+    return 1 if failed else 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--stable", action="store_true", help="the stable-ABI build of the example library")
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--rank", type=int)
-    parser.add_argument("--port", type=int)
-    parser.add_argument("--library")
-    args = parser.parse_args()
+# Rank 0's report
+
+def merged(reports: list[dict], part: str) -> list[dict]:
+    """The rows of `part` with each time the slowest rank's (None if any rank failed it)."""
+    rows = []
+    for i, row in enumerate(reports[0][part]):
+        times = {}
+        for name, modes in row["times"].items():
+            times[name] = {}
+            for mode in modes:
+                values = [rep[part][i]["times"].get(name, {}).get(mode) for rep in reports]
+                times[name][mode] = None if any(v is None for v in values) else max(values)
+        rows.append(dict(row, times=times))
+    return rows
+
+
+def us(value) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def ratio(a, b) -> str:
+    return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
+
+
+def render(meta: dict, reports: list[dict]) -> str:
+    if meta["two_shot_min_bytes"] == NEVER:
+        rule = "stays one-shot at this world size (torch has no two-shot kernel for it)"
+    elif meta["two_shot_min_bytes_override"] >= 0:
+        rule = (f"goes two-shot from {meta['two_shot_min_bytes_override']} bytes (--two-shot-min-bytes; the "
+                f"library's table says {meta['two_shot_min_bytes']})")
+    else:
+        rule = f"goes two-shot from {meta['two_shot_min_bytes']} bytes at this world size (the library's table)"
+    out = [f"# symm-mem all-reduce, {meta['world_size']} x {meta['device']}, torch {meta['torch']}",
+           "",
+           f"kernels::all_reduce {rule}"
+           + f"; multicast off ({', '.join(f'{k}={v}' for k, v in meta['env'].items())}); Inductor's "
+           f"_collective.auto_select = {meta['inductor_collective_auto_select']} (False: the compiled nccl step "
+           f"calls NCCL). Times in µs per call, the slowest rank's."]
+    sweep_rows = merged(reports, "sweep")
+    for dtype in dict.fromkeys(row["dtype"] for row in sweep_rows):
+        rows = [row for row in sweep_rows if row["dtype"] == dtype]
+        for mode, title in (("eager", "eager launches"), ("graph", "CUDA graph")):
+            out += ["", f"## all-reduce alone, {dtype}, {title}", "",
+                    "| size | path | " + " | ".join(SWEEP_METHODS) + " | opforge / direct same path "
+                    "| opforge / nccl |",
+                    "|---|---|" + "---:|" * (len(SWEEP_METHODS) + 2)]
+            for row in rows:
+                t = {name: row["times"].get(name, {}).get(mode) for name in SWEEP_METHODS}
+                same = t["two-shot out"] if row["path"] == "two-shot" else t["one-shot"]
+                out.append(f"| {size_label(row['bytes'])} | {row['path']} | "
+                           + " | ".join(us(t[name]) for name in SWEEP_METHODS)
+                           + f" | {ratio(t['opforge'], same)} | {ratio(t['opforge'], t['nccl'])} |")
+    for row in merged(reports, "steps"):
+        t = row["times"]
+
+        def get(name, mode):
+            return t.get(name, {}).get(mode)
+
+        out += ["", f"## TP MLP step, {row['dtype']}, tokens {row['tokens']}, hidden {row['hidden']} "
+                    f"(all-reduce of {size_label(row['bytes'])}B, {row['path']})", "",
+                "| step | eager | CUDA graph |", "|---|---:|---:|"]
+        def summed(mode):
+            a, b = get("matmuls", mode), get("all-reduce alone", mode)
+            return None if a is None or b is None else a + b
+
+        for name in STEPS:
+            out.append(f"| {name} | {us(get(name, 'eager'))} | {us(get(name, 'graph'))} |")
+        out.append(f"| matmuls, plus all-reduce alone (the sum) | {us(summed('eager'))} | {us(summed('graph'))} |")
+        out += ["",
+                f"- opforge step / (matmuls + direct all-reduce), eager: "
+                f"{ratio(get('opforge', 'eager'), get('matmuls + direct', 'eager'))}; "
+                f"graph: {ratio(get('opforge', 'graph'), get('matmuls + direct', 'graph'))}",
+                f"- opforge step / NCCL step, graph: {ratio(get('opforge', 'graph'), get('nccl', 'graph'))}; "
+                f"eager: {ratio(get('opforge', 'eager'), get('nccl', 'eager'))}",
+                f"- opforge step / symm_mem by hand (matmuls + direct), graph: "
+                f"{ratio(get('opforge', 'graph'), get('matmuls + direct', 'graph'))}"]
+    checks = [c for rep in reports for c in rep["checks"]]
+    ranks = sorted({c["rank"] for c in checks})
+    bad = [c for c in checks if not c["ok"]]
+    out += ["", "## checks", "",
+            f"{len(checks)} results checked against NCCL's on ranks {ranks}: "
+            + ("all within tolerance." if not bad else f"{len(bad)} NOT within tolerance:")]
+    for c in bad:
+        out.append(f"- rank {c['rank']}: {c['what']}: max |diff| {c['max_error']:.3g} "
+                   f"(rtol {c['rtol']:.3g}, atol {c['atol']:.3g})")
+    errors = [e for rep in reports for e in rep["errors"]]
+    if errors:
+        out += ["", "## errors (figures shown as n/a)", ""]
+        out += [f"- rank {e['rank']}: {e['what']}: {e['error']}" for e in errors]
+    for prof in reports[0].get("profiles", []):
+        out += ["", f"## profile: {prof['name']}, {prof['steps']} steps on rank 0 (trace {prof['trace']})",
+                "", "```", prof["table"], "```"]
+    return "\n".join(out)
+
+
+# The launcher
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     if args.rank is not None:
-        rank_main(args.rank, args.port, args.library, args.tokens, args.hidden, args.steps)
-        return 0
+        return rank_main(args)
+    import torch
+
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    world = args.world_size if args.world_size is not None else found
+    if world < 2 or world > found:
+        print(f"bench_symm_mem_tp: needs --world-size between 2 and the host's GPUs ({found} found; "
+              f"asked {world}).")
+        return 1
     sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
     from cpp_ext import build
 
@@ -127,10 +577,11 @@ def main() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank", str(r), "--port", str(port),
-                               "--library", library, "--tokens", str(args.tokens), "--hidden", str(args.hidden),
-                               "--steps", str(args.steps)], env=dict(os.environ, **NO_MULTICAST))
-             for r in range(2)]
+    forwarded = list(argv if argv is not None else sys.argv[1:])
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *forwarded, "--world-size", str(world),
+                               "--rank", str(rank), "--port", str(port), "--library", library],
+                              env=dict(os.environ, **NO_MULTICAST))
+             for rank in range(world)]
     return max(p.wait() for p in procs)
 
 
