@@ -93,6 +93,7 @@ def main() -> int:
     # Symmetric memory without NVLink multicast (one-shot all-reduce does not use it).
     os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
     os.environ["NCCL_NVLS_ENABLE"] = "0"
+    os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
     torch.multiprocessing.spawn(_rank_main, args=(_free_port(),), nprocs=WORLD_SIZE)
     return 0
 
