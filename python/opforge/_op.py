@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import inspect
 import sys
+import threading
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
@@ -29,6 +30,9 @@ from ._codegen import EMPTY, Builder, Leaf, OpCode, Param
 from ._types import Problem, Registrations, Resolver, SignatureError, TypeInfo, Where
 
 _REGISTERED: dict[str, "OpDef"] = {}
+# One definition at a time: two threads defining one name would both pass
+# the name check, and the second would get torch's "registered multiple times".
+_DEFINING = threading.RLock()
 
 
 class OpDef(_C.OpBase):
@@ -219,6 +223,15 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
     registrations; a failure anywhere undoes what was done. `_default_fake`
     (for front ends such as compat.magi) makes the fake of an op that is
     neither given one nor a Triton op, and may raise to reject the op."""
+    with _DEFINING:
+        return _define(name, fn, mutates_args=mutates_args, fake=fake, setup_context=setup_context,
+                       backward=backward, device_types=device_types, tags=tags, symm_mem_args=symm_mem_args,
+                       triton=triton, extra_triton_kernels=extra_triton_kernels, _caller=_caller,
+                       _default_fake=_default_fake)
+
+
+def _define(name, fn, *, mutates_args, fake, setup_context, backward, device_types, tags, symm_mem_args, triton,
+            extra_triton_kernels, _caller, _default_fake) -> OpDef:
     mutates_args, devices, tag_list = _check_arguments(name, fn, mutates_args, fake, setup_context, backward,
                                                        device_types, tags)
     regs = Registrations()

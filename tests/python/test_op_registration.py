@@ -4,6 +4,7 @@ torch.ops, the decorators, and atomic registration."""
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -357,3 +358,29 @@ def test_symm_mem_args_are_declared_and_a_bad_name_registers_nothing(ns):
         assert opforge.symm_mem_args(op.name) == ["input"]
     finally:
         opforge.symm_mem.forget(op.name)
+
+
+def test_threads_defining_one_name_at_once_get_opforges_error_and_one_op(ns):
+    barrier = threading.Barrier(8)
+    errors, made = [], []
+
+    def define(i):
+        barrier.wait()
+        def contested(x: Tensor) -> Tensor:
+            return x + i
+
+        try:
+            made.append(opforge.op(f"{ns}::contested")(contested))
+        except ValueError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=define, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(made) == 1 and len(errors) == 7
+    assert set(errors) == {f"{ns}::contested: an operator with this name is already registered. "
+                           f"Choose another name, or another namespace than '{ns}'."}
+    x = torch.zeros(2)
+    assert torch.equal(made[0](x), getattr(torch.ops, ns).contested(x))
