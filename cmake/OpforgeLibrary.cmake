@@ -16,6 +16,15 @@
 # RPATH: the library finds opforge's libraries and torch's in a wheel's layout
 # (site-packages/<pkg>/, beside opforge/ and torch/) and, in the build tree,
 # where they are now.
+#
+# Optimisation: with no build type (a plain `cmake -S . -B build`, which CMake
+# compiles at -O0), the library is compiled with Release's flags (-O3
+# -DNDEBUG), as scikit-build-core builds by default. A build type you give
+# (CMAKE_BUILD_TYPE, a multi-config generator's configurations) or an -O in
+# CMAKE_CXX_FLAGS is kept.
+#
+# opforge's headers are a system include (-isystem), like torch's: your
+# warning flags apply to your code only.
 
 set(_OPFORGE_LIBRARY_CMAKE_DIR "${CMAKE_CURRENT_LIST_DIR}")
 
@@ -67,6 +76,30 @@ function(_opforge_cuda_architectures out given)
   endif()
 endfunction()
 
+# Release's flags for `name` when nothing chose an optimisation level; says
+# so once per configuration.
+function(_opforge_default_optimisation name)
+  get_property(_multi GLOBAL PROPERTY GENERATOR_IS_MULTI_CONFIG)
+  if(_multi OR CMAKE_BUILD_TYPE)
+    return()
+  endif()
+  set(_applied "")
+  foreach(_lang CXX CUDA)
+    if(CMAKE_${_lang}_COMPILER_LOADED AND NOT CMAKE_${_lang}_FLAGS MATCHES "(^| )-O")
+      separate_arguments(_flags UNIX_COMMAND "${CMAKE_${_lang}_FLAGS_RELEASE}")
+      target_compile_options(${name} PRIVATE "$<$<COMPILE_LANGUAGE:${_lang}>:${_flags}>")
+      list(APPEND _applied "${_lang}: ${CMAKE_${_lang}_FLAGS_RELEASE}")
+    endif()
+  endforeach()
+  get_property(_said GLOBAL PROPERTY _OPFORGE_SAID_OPTIMISATION)
+  if(_applied AND NOT _said)
+    set_property(GLOBAL PROPERTY _OPFORGE_SAID_OPTIMISATION TRUE)
+    list(JOIN _applied ", " _applied)
+    message(STATUS "opforge: no CMAKE_BUILD_TYPE given, so opforge_add_library compiles with Release's flags "
+                   "(${_applied}); pass -DCMAKE_BUILD_TYPE=... to choose another")
+  endif()
+endfunction()
+
 function(opforge_add_library name)
   cmake_parse_arguments(ARG "STABLE" "TORCH_TARGET_VERSION" "SOURCES;CUDA_ARCHITECTURES" ${ARGN})
   if(NOT ARG_SOURCES)
@@ -84,7 +117,8 @@ function(opforge_add_library name)
 
   add_library(${name} SHARED ${ARG_SOURCES})
   opforge_private_static_libs(${name})
-  target_include_directories(${name} PRIVATE "${opforge_INCLUDE_DIR}")
+  _opforge_default_optimisation(${name})
+  target_include_directories(${name} SYSTEM PRIVATE "${opforge_INCLUDE_DIR}")
   if(ARG_STABLE)
     if(NOT ARG_TORCH_TARGET_VERSION)
       set(ARG_TORCH_TARGET_VERSION 2.10)

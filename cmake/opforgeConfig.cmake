@@ -21,6 +21,7 @@ if(NOT TARGET opforge::opforge)
   set_target_properties(opforge::core PROPERTIES
     IMPORTED_LOCATION "${_opforge_root}/lib/libopforge_core.so"
     INTERFACE_INCLUDE_DIRECTORIES "${_opforge_root}/include"
+    INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${_opforge_root}/include"  # even under NO_SYSTEM_FROM_IMPORTED
     INTERFACE_COMPILE_FEATURES cxx_std_17)
   add_library(opforge::torch SHARED IMPORTED)
   set_target_properties(opforge::torch PROPERTIES
