@@ -16,6 +16,15 @@
 
 #include "opforge/detail/nodes.h"
 
+// Types holding tensors are as hidden as the tensor type: torch declares
+// torch::stable::Tensor hidden (each library keeps its own copy), and GCC
+// warns of a type more visible than its fields (-Wattributes).
+#if defined(OPFORGE_STABLE_ABI) && defined(__GNUC__) && !defined(_WIN32)
+#define OPFORGE_DETAIL_TENSOR_VISIBILITY_ __attribute__((visibility("hidden")))
+#else
+#define OPFORGE_DETAIL_TENSOR_VISIBILITY_
+#endif
+
 namespace opforge {
 namespace detail {
 
@@ -49,7 +58,7 @@ struct NoGrad {
 namespace detail {
 
 // The gradient of one flat leaf: a tensor, or the tensors of a Tensor[] leaf.
-struct LeafGrad {
+struct OPFORGE_DETAIL_TENSOR_VISIBILITY_ LeafGrad {
   Tensor one;
   std::vector<Tensor> many;
 };
@@ -68,7 +77,7 @@ struct LeafGrad {
 //   opforge::Grad<Cfg> g;
 //   g.set(&Cfg::w, grad_w).set(&Cfg::inner, opforge::Grad<Inner>().set(&Inner::t, grad_t));
 template <class S>
-class Grad {
+class OPFORGE_DETAIL_TENSOR_VISIBILITY_ Grad {
   static_assert(kIsStruct<S>, "opforge::Grad<S>: S must be an OPFORGE_STRUCT type.");
 
  public:
