@@ -234,8 +234,23 @@ TEST_F(LibraryTest, HandleOfAnotherTypeIsRejected) {
     EXPECT_NE(std::string(e.what()).find("refers to a lib_test.Inner, not a lib_test.Runner"),
               std::string::npos)
         << e.what();
+    // The kernel's adapter names the op and the parameter.
+    EXPECT_EQ(std::string(e.what()).rfind("opforge_lib_test::run: the CompositeExplicitAutograd kernel, parameter ",
+                                          0),
+              0u)
+        << e.what();
   }
   opforge::HandleTable::Global().Release(h);
+}
+
+TEST(LibraryPlan, ParamNamesReadTheSchemasTopLevelNames) {
+  opforge::detail::LibraryPlan plan("ns", nullptr, "f.cc", 1, nullptr, "unstable", 0);
+  plan.AddOp("f(Tensor(a!) out, Tensor? w, int[2] dims=[1, 2], Handle(lib.Runner) r, *, str mode=\"a,(b\", "
+             "float eps=1e-6) -> ()");
+  plan.AddOp("g() -> Tensor");
+  EXPECT_EQ(plan.ParamNames("f"), (std::vector<std::string>{"out", "w", "dims", "r", "mode", "eps"}));
+  EXPECT_TRUE(plan.ParamNames("g").empty());
+  EXPECT_TRUE(plan.ParamNames("not_defined_here").empty());
 }
 
 TEST_F(LibraryTest, MutatingAStructMutatesItsTensorField) {

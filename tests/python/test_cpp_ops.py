@@ -56,8 +56,11 @@ def test_cpp_struct_return_is_rebuilt_as_a_dataclass(ext):
 def test_cpp_handles_pass_through_python_as_ints(ext):
     handle = ext.make_runner(3.0)
     assert torch.equal(ext.run(torch.ones(2), handle), torch.full((2,), 3.0))
-    with pytest.raises(RuntimeError, match="is not an opforge handle"):
+    message = r"opforge_ext::run: the CompositeExplicitAutograd kernel, parameter 'runner': handle 5: is not an"
+    with pytest.raises(RuntimeError, match=message):
         ext.run(torch.ones(2), 5)
+    with pytest.raises(RuntimeError, match=message):
+        torch.ops.opforge_ext.run(torch.ones(2), 5)
 
 
 def test_cpp_op_compiles_with_fullgraph_and_its_fake_kernel(ext):

@@ -52,8 +52,12 @@ def test_a_runner_handle_a_list_and_an_optional_reach_the_kernel(kernels):
     with pytest.raises(RuntimeError, match=r"scale_rows: a row is outside the table"):
         kernels.scale_rows(out, x, table, [0, 0, 3])
     assert opforge._C.handle_release(table)
-    with pytest.raises(RuntimeError, match=r"handle .* is stale"):
+    # The error names the op and the parameter, in both ABI modes and on both paths.
+    stale = r"kernels::scale_rows: the CPU kernel, parameter 'table': handle \d+: is stale"
+    with pytest.raises(RuntimeError, match=stale):
         kernels.scale_rows(out, x, table, [0, 0, 0])
+    with pytest.raises(RuntimeError, match=stale):
+        torch.ops.kernels.scale_rows(out, x, table, [0, 0, 0])
 
 
 # --- 1, 2, 8: Tensor! schemas, Tensor& kernels, def then impl -------------------

@@ -140,7 +140,7 @@ struct AutogradKernel<G, R, TypeList<Args...>, TypeList<FlatArgs...>> {
   template <class Tuple, size_t... K>
   static void Setup(AutogradContext& ctx, Tuple& args, const Result& out, std::index_sequence<K...>) {
     Reader<UnboxedSlots, Tuple> r{args};
-    G::setup_context(&ctx, Param<Args, kParamOffset<K, Args...>>(r)..., Out::Original(out));
+    G::setup_context(&ctx, Param<K, Args, kParamOffset<K, Args...>>(r)..., Out::Original(out));
   }
 
   // Flat output gradients -> G::backward -> one gradient per autograd input.

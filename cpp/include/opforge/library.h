@@ -137,12 +137,12 @@ struct ParamFlat<at::Tensor&> {
 };
 
 // Parameter K of a kernel, from the flat arguments.
-template <class Arg, size_t Offset, class Rd>
+template <size_t K, class Arg, size_t Offset, class Rd>
 decltype(auto) Param(Rd& r) {
   if constexpr (std::is_same_v<Arg, at::Tensor&>) {
     return std::get<Offset>(r.src);
   } else {
-    return ParamNode<Arg>::template Build<Offset>(r);
+    return ReadParam<K, Arg, Offset>(r);
   }
 }
 
@@ -159,7 +159,7 @@ struct StructKernel<R, TypeList<Args...>, TypeList<FlatArgs...>> {
 
   template <class Rd, size_t... K>
   static decltype(auto) Call(FnPtr fn, Rd& r, std::index_sequence<K...>) {
-    return fn(Param<Args, kParamOffset<K, Args...>>(r)...);
+    return fn(Param<K, Args, kParamOffset<K, Args...>>(r)...);
   }
 
   // A function-try-block: no wrapper between torch and the kernel's result.
@@ -177,6 +177,8 @@ struct StructKernel<R, TypeList<Args...>, TypeList<FlatArgs...>> {
         return out;  // NRVO, or the reference a Tensor(a!) return is
       }
     }
+  } catch (const ParamError& e) {
+    ThrowInParam(name, e);
   } catch (const std::exception&) {
     throw;
   } catch (...) {

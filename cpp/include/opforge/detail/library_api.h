@@ -39,7 +39,16 @@ class LibraryApi;
 struct KernelName {
   std::string op;
   std::string what;
+  std::vector<std::string> params;  // the schema's parameter names, when the block defines the op
 };
+
+// A kernel's ParamError, as an error naming the op and the parameter:
+// "ext::run: the CPU kernel, parameter 'runner': handle 5: is not an opforge handle. ..."
+[[noreturn]] inline void ThrowInParam(const KernelName& name, const ParamError& e) {
+  const std::string param =
+      e.index < name.params.size() ? "'" + name.params[e.index] + "'" : std::to_string(e.index + 1);
+  throw std::runtime_error(name.op + ": " + name.what + ", parameter " + param + ": " + e.what());
+}
 
 // A backend's error for the C surface: a message it frees.
 inline char* Message(const std::string& text) { return strdup(text.c_str()); }
@@ -243,7 +252,7 @@ class LibraryApi {
       plan_.Fail(ns() + "::" + name + ": a " + key + " kernel is given twice. Give one kernel per op and key.");
       return;
     }
-    void* kernel = Mode::MakeKernel(backend_, fn, KernelName{ns() + "::" + name, "the " + key + " kernel"});
+    void* kernel = Mode::MakeKernel(backend_, fn, KernelName{ns() + "::" + name, "the " + key + " kernel", plan_.ParamNames(name)});
     plan_.AddKernel(name, key, kernel, KernelSignature<R, Args...>());
   }
 

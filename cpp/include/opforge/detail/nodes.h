@@ -69,6 +69,14 @@ inline std::string DottedName(const char* cpp_name) {
       "is None; pass every field, or set __is_set to False.");
 }
 
+// What reading parameter `index` of a kernel threw (a stale handle, a missing
+// field of a present struct), for the kernel's adapter to name the op and
+// the parameter (ThrowInParam).
+struct ParamError : std::runtime_error {
+  ParamError(size_t index, const std::string& what) : std::runtime_error(what), index(index) {}
+  size_t index;
+};
+
 // ---------------------------------------------------------------------------
 // Defaults: C++ default member initializers become schema defaults. A
 // default-constructible struct is default-initialized (`new (p) S`, no

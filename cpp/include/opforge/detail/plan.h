@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <cctype>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,47 @@ class LibraryPlan {
   void AddKernel(std::string op, std::string key, void* kernel, std::string signature) {
     kernels_.push_back(Kernel{std::move(op), std::move(key), kernel, std::move(signature)});
   }
+  // The parameter names of `op` when this block defines it ("x", "cfg"), for
+  // kernels' messages; empty otherwise.
+  std::vector<std::string> ParamNames(const std::string& op) const {
+    std::vector<std::string> names;
+    for (const auto& o : ops_) {
+      if (o.name != op) continue;
+      // Each top-level parameter ends at a ',' or the closing ')': its name is
+      // the last word before any '=' (defaults are skipped, brackets and all).
+      int depth = 0;
+      bool in_default = false;
+      std::string word, last;
+      for (size_t i = o.schema.find('('); i < o.schema.size(); ++i) {
+        const char c = o.schema[i];
+        const bool word_char = std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+        if (depth == 1 && word_char && !in_default) {
+          word += c;
+          continue;
+        }
+        if (!word.empty()) last = word;
+        word.clear();
+        if (c == '"' || c == '\'') {
+          const size_t close = o.schema.find(c, i + 1);
+          i = close == std::string::npos ? o.schema.size() : close;
+        } else if (c == '(' || c == '[') {
+          depth++;
+        } else if (c == ')' || c == ']') {
+          depth--;
+        } else if (c == '=' && depth == 1) {
+          in_default = true;
+        }
+        if ((c == ',' && depth == 1) || depth == 0) {
+          if (!last.empty()) names.push_back(last);
+          last.clear();
+          in_default = false;
+          if (depth == 0) break;
+        }
+      }
+    }
+    return names;
+  }
+
   bool HasKernel(const std::string& op, const std::string& key) const {
     for (const auto& k : kernels_) {
       if (k.op == op && k.key == key) return true;

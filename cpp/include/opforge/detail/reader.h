@@ -54,10 +54,21 @@ struct Reader {
   }
 };
 
+// Parameter K (of type Arg, from slots Offset...): what reading it throws
+// becomes a ParamError.
+template <size_t K, class Arg, size_t Offset, class R>
+decltype(auto) ReadParam(R& r) {
+  try {
+    return ParamNode<Arg>::template Build<Offset>(r);
+  } catch (const std::exception& e) {
+    throw ParamError(K, e.what());
+  }
+}
+
 template <class... Args, class R, size_t... K>
 std::tuple<std::decay_t<Args>...> ReadParamsImpl(R& r, std::index_sequence<K...>) {
   // Braced initialization reads the leaves in order.
-  return std::tuple<std::decay_t<Args>...>{ParamNode<Args>::template Build<kParamOffset<K, Args...>>(r)...};
+  return std::tuple<std::decay_t<Args>...>{ReadParam<K, Args, kParamOffset<K, Args...>>(r)...};
 }
 
 // A kernel's parameters as values, structs rebuilt: what a boxed kernel

@@ -41,7 +41,13 @@ struct Invoker {
     }
     Guard(slot.name->op, slot.name->what.c_str(), [&] {
       Reader<StableSlots, StableIValue*> r{stack};
-      auto args = ReadParams<Args...>(r);
+      auto args = [&] {
+        try {
+          return ReadParams<Args...>(r);
+        } catch (const ParamError& e) {
+          ThrowInParam(*slot.name, e);
+        }
+      }();
       auto f = reinterpret_cast<R (*)(Args...)>(slot.fn);
       if constexpr (std::is_void_v<R>) {
         std::apply(f, args);
