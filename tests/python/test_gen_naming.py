@@ -152,6 +152,12 @@ def test_comments_blank_lines_duplicates_and_the_aten_prefix_are_accepted():
     assert _aten.parse_allowlist(["abs  # unary", "", "aten::acos", "abs"]) == ["abs", "acos"]
 
 
+def test_an_allowlist_saved_with_a_byte_order_mark_reads_as_its_names(tmp_path):
+    path = tmp_path / "list.txt"
+    path.write_bytes("abs\r\nacos\r\n".encode("utf-8-sig"))  # as some Windows editors save UTF-8
+    assert _aten.read_allowlist(str(path)) == ["abs", "acos"]
+
+
 @pytest.mark.parametrize(
     "namespace, message",
     [

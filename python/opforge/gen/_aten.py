@@ -141,11 +141,17 @@ def read_allowlist(path: str) -> list[str]:
     'abs\\n# unary\\naten::acos\\n' -> ['abs', 'acos']
     """
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise GenError(f"cannot read allowlist {path!r}: {e.strerror}; pass an existing file to --allowlist.")
-    return parse_allowlist(lines, origin=os.path.basename(path))
+    try:
+        text = data.decode("utf-8-sig")  # a byte-order mark is not part of the first name
+    except UnicodeDecodeError as e:
+        line = e.object[:e.start].count(b"\n") + 1
+        raise GenError(f"allowlist {path!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} on line {line}); "
+                       "save it as UTF-8, one ATen base name per line.") from None
+    return parse_allowlist(text.splitlines(), origin=os.path.basename(path))
 
 
 def parse_allowlist(lines, origin: str = "<allowlist>") -> list[str]:

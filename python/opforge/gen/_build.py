@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from .._torch_version import cxx_standard
 from ._aten import GenError
-from ._io import Progress, write_if_changed
+from ._io import Progress, ensure_directory, write_if_changed
 
 
 @dataclass
@@ -68,6 +68,14 @@ def torch_flags() -> tuple[list[str], list[str]]:
 
 def _compiler() -> list[str]:
     return shlex.split(os.environ.get("CXX", "c++"))
+
+
+def _start(command: list[str]) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except OSError as e:
+        raise GenError(f"cannot run the C++ compiler {command[0]!r} ({e.strerror}); install one, name it in CXX, "
+                       "or pass --no-build.") from None
 
 
 def _extra_flags() -> list[str]:
@@ -119,7 +127,7 @@ def build(sources: list[str], build_dir: str, name: str, jobs: int = 2,
           progress: Progress | None = None) -> BuildResult:
     """Compiles `sources` and links `build_dir/lib<name>.so`; see the module doc."""
     progress = progress or Progress(quiet=True)
-    os.makedirs(build_dir, exist_ok=True)
+    ensure_directory(build_dir, "--build-dir")
     cflags, ldflags = torch_flags()
     cflags += _extra_flags()
     library = os.path.join(build_dir, f"lib{name}.so")
@@ -152,7 +160,7 @@ def build(sources: list[str], build_dir: str, name: str, jobs: int = 2,
         while queue and len(running) < max(1, jobs):
             source, obj, command = queue.pop(0)
             progress.say(f"[build {total - len(queue)}/{total}] compiling {os.path.basename(source)}")
-            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = _start(command)
             running.append((proc, source, obj, command))
         proc_entry = running.pop(0)
         reap(*proc_entry)
@@ -162,10 +170,10 @@ def build(sources: list[str], build_dir: str, name: str, jobs: int = 2,
     link = _compiler() + objects + ["-o", library] + ldflags
     if _stale(library, link, objects):
         progress.say(f"[build] linking {os.path.basename(library)}")
-        proc = subprocess.run(link, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = _start(link)
+        _, err = proc.communicate()
         if proc.returncode != 0:
-            raise GenError("linking the generated library failed; the linker said:\n"
-                           + proc.stderr.decode(errors="replace"))
+            raise GenError("linking the generated library failed; the linker said:\n" + err.decode(errors="replace"))
         write_if_changed(library + ".cmd", json.dumps(link))
         result.linked = True
     elif not pending:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from . import _aten, _cpp, _stubs, _typed
 from ._build import BuildResult, build
-from ._io import Progress, write_if_changed
+from ._io import Progress, ensure_directory, write_if_changed
 
 
 @dataclass
@@ -173,6 +173,11 @@ def generate_aten(allowlist, namespace: str, out_dir: str, *, source: str = "reg
     names = _aten.read_allowlist(allowlist) if isinstance(allowlist, str) else \
         _aten.parse_allowlist(list(allowlist))
     _aten.check_namespace(namespace)
+    # Before the work: a file where a directory is expected fails here, not after the selection.
+    ensure_directory(out_dir, "--out", create=False)
+    if build_library and build_dir:
+        ensure_directory(build_dir, "--build-dir", create=False)
+    ensure_directory(out_dir, "--out")
     progress.say(f"[gen] reading ATen schemas ({source}) for {len(names)} names")
     selection = _aten.select(names, namespace, source)
     if not selection.ops:
@@ -249,6 +254,7 @@ def generate_stubs(namespace: str, out_dir: str, module: str | None = None,
     module = module or namespace
     if not module.isidentifier():
         raise _aten.GenError(f"module name {module!r} is not an identifier; pass --module with a valid one.")
+    ensure_directory(out_dir, "--out")
     progress.say(f"[stubs] {len(entries)} overloads in torch.ops.{namespace}")
     names = sorted({e.name for e in entries})
     files = []

@@ -1,5 +1,5 @@
-"""Small helpers shared by the generators: writing files only when their
-content changes, and progress lines on stderr.
+"""Small helpers shared by the generators: the output directory, writing
+files only when their content changes, and progress lines on stderr.
 
     >>> write_if_changed("out/ns_ops.cc", text)   # first run
     True
@@ -13,14 +13,46 @@ import os
 import sys
 import tempfile
 
+from ._aten import GenError
+
+
+def ensure_directory(path: str, option: str, create: bool = True) -> None:
+    """Creates directory `path` (and its parents) unless it exists; raises
+    GenError naming `option` (e.g. "--out") when it cannot be one, such as
+    when `path` is an existing file. `create=False` only checks that."""
+    if os.path.isdir(path):
+        return
+    if os.path.exists(path):
+        raise GenError(f"{option} {path}: is a file, not a directory; pass a directory (it is created if missing).")
+    if not create:
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise GenError(f"{option} {path}: cannot create the directory ({_reason(e)}); pass a directory that "
+                       "can be created or written.") from None
+
+
+def _reason(e: OSError) -> str:
+    """'Not a directory: out/x' for an OSError about another path than the one named."""
+    return f"{e.strerror}: {e.filename}" if e.filename else (e.strerror or str(e))
+
 
 def write_if_changed(path: str, text: str) -> bool:
     """Writes `text` to `path` unless the file already holds exactly it.
 
     Leaving an identical file alone keeps its mtime, so a rebuild after an
     identical regeneration has nothing to do. Returns True if it wrote.
+    Raises GenError naming `path` when it cannot be read or written.
     """
-    data = text.encode("utf-8")
+    try:
+        return _write_if_changed(path, text.encode("utf-8"))
+    except OSError as e:
+        raise GenError(f"cannot write {path} ({_reason(e)}); make its directory a writable directory, or pass "
+                       "another one.") from None
+
+
+def _write_if_changed(path: str, data: bytes) -> bool:
     try:
         with open(path, "rb") as f:
             if f.read() == data:

@@ -244,12 +244,17 @@ def runtime_source(namespace: str, names: list[str], library: str | None = None)
     return "\n".join(lines)
 
 
-def registered_entries(namespace: str) -> list[StubEntry]:
-    """Every operator registered under `namespace`, from the live registry."""
+def registered_schemas(namespace: str) -> list[str]:
+    """The schema text of every operator registered under `namespace`."""
     import torch
 
     prefix = namespace + "::"
-    texts = [str(s) for s in torch._C._jit_get_all_schemas() if s.name.startswith(prefix)]
+    return [str(s) for s in torch._C._jit_get_all_schemas() if s.name.startswith(prefix)]
+
+
+def registered_entries(namespace: str) -> list[StubEntry]:
+    """Every operator registered under `namespace`, from the live registry."""
+    texts = registered_schemas(namespace)
     if not texts:
         raise GenError(
             f"no operators are registered under namespace {namespace!r}; load the library or import "

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 
 from ._aten import GenError
 from ._io import Progress
@@ -54,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
     except GenError as e:
         print(f"opforge gen {args.gen_command}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a path the checks above did not foresee
+        print(f"opforge gen {args.gen_command}: error: cannot use {e.filename or 'a file'} ({e.strerror or e}); "
+              "check the paths passed and their permissions.", file=sys.stderr)
+        return 2
 
 
 def _run_aten(args) -> int:
@@ -81,19 +86,69 @@ def _run_aten(args) -> int:
 
 
 def _run_stubs(args) -> int:
-    import torch
-
     from ._generate import generate_stubs
+    from ._stubs import registered_schemas
 
     for path in args.load:
-        if not os.path.exists(path):
-            raise GenError(f"--load {path}: no such file; pass the path of a built operator library.")
-        torch.ops.load_library(path)
+        _load(path)
     for module in args.imports:
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            raise GenError(f"--import {module}: {e}; make the module importable (PYTHONPATH) or fix its name.")
+        _import(module)
+    given = [f"--load {p}" for p in args.load] + [f"--import {m}" for m in args.imports]
+    if given and not registered_schemas(args.namespace):
+        raise GenError(f"{', '.join(given)} registered no operators under namespace {args.namespace!r}; "
+                       "check --namespace, or pass the library or module that defines them.")
     files = generate_stubs(args.namespace, args.out, args.module, progress=Progress(quiet=args.quiet))
     print("\n".join(files))
     return 0
+
+
+def _load(path: str) -> None:
+    """Loads an operator library as opforge.load_library does; GenError naming it if it cannot."""
+    from .._libraries import load_errors, load_library
+
+    if not os.path.exists(path):
+        raise GenError(f"--load {path}: no such file; pass the path of a built operator library.")
+    if os.path.isdir(path):
+        raise GenError(f"--load {path}: is a directory; pass the path of a built operator library (a .so file).")
+    before = len(load_errors())
+    try:
+        load_library(path)
+    except OSError as e:
+        # torch says only "Could not load this library"; the loader's reason is its cause.
+        reason = str(e.__cause__ or e).strip().splitlines()[0]
+        raise GenError(f"--load {path}: not a loadable shared library ({reason}); pass an operator library "
+                       "built for this torch and platform (a .so).") from None
+    except RuntimeError as e:
+        errors = load_errors()[before:] or [str(e)]
+        first = errors[0].strip().splitlines()[0]
+        raise GenError(f"--load {path}: {len(errors)} of its OPFORGE_LIBRARY blocks could not be registered, the "
+                       f"first: {first} Fix them and rebuild the library.") from None
+
+
+def _import(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise GenError(f"--import {module}: {e}; make the module importable (PYTHONPATH) or fix its name.") from None
+    except Exception as e:  # noqa: BLE001 - the user's module: its error, where it was raised, one line
+        where = _where(e)
+        text = e.msg if isinstance(e, SyntaxError) else str(e)
+        first = text.strip().splitlines()[0].rstrip(".") if text.strip() else ""
+        raise GenError(f"--import {module}: importing it raised {type(e).__name__}{where}"
+                       f"{': ' + first if first else ''}; fix the module, or import it in Python to see the "
+                       "whole traceback.") from None
+
+
+def _where(e: BaseException) -> str:
+    """' at pkg/ops.py:12': the line of the importing code that raised (a syntax error's own line),
+    the innermost frame outside opforge, torch and the import machinery."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f" at {e.filename}:{e.lineno}"
+    import torch
+
+    opforge_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    skip = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in
+                 (torch.__file__, importlib.__file__, opforge_dir + os.sep + "__init__.py"))
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith("<") and not os.path.abspath(f.filename).startswith(skip)]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
