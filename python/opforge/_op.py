@@ -196,6 +196,13 @@ def op(
     extra_triton_kernels: Iterable[Any] = (),
 ) -> Callable[[Callable], OpDef]:
     """Defines the operator `name` ("namespace::op") from the decorated function."""
+    if not isinstance(name, str):
+        if callable(name):  # `@opforge.op` without the name
+            fn_name = getattr(name, "__name__", "f")
+            raise TypeError(f"opforge.op was given the function {fn_name} where it takes the op's name: write "
+                            f"@opforge.op(\"mylib::{fn_name}\") above it, with your namespace.")
+        raise TypeError(f"opforge.op takes the op's name as a str 'namespace::name', not {type(name).__name__} "
+                        f"{name!r}. Write e.g. @opforge.op(\"mylib::scale\").")
 
     def decorate(fn: Callable) -> OpDef:
         return define(

@@ -202,6 +202,27 @@ def test_a_name_without_namespace_is_rejected_with_a_suggestion():
         opforge.op("scale")(_f(Tensor))
 
 
+def test_a_function_where_the_name_goes_is_rejected_with_the_decorator_to_write():
+    def scale(x: Tensor) -> Tensor:
+        return x
+
+    registered = set(_op.registered_ops())
+    with pytest.raises(TypeError) as info:
+        opforge.op(scale)  # `@opforge.op` above a function, without the name
+    assert str(info.value) == ("opforge.op was given the function scale where it takes the op's name: write "
+                               "@opforge.op(\"mylib::scale\") above it, with your namespace.")
+    assert set(_op.registered_ops()) == registered
+
+
+@pytest.mark.parametrize("name, shown", [(None, "NoneType None"), (3, "int 3"), (b"ns::f", "bytes b'ns::f'"),
+                                         (["ns::f"], "list ['ns::f']")])
+def test_a_name_that_is_not_a_str_is_rejected_naming_what_was_passed(name, shown):
+    with pytest.raises(TypeError) as info:
+        opforge.op(name)
+    assert str(info.value) == (f"opforge.op takes the op's name as a str 'namespace::name', not {shown}. "
+                               "Write e.g. @opforge.op(\"mylib::scale\").")
+
+
 def test_a_name_that_is_not_an_identifier_is_rejected():
     with pytest.raises(ValueError, match=r"^my-lib::scale: 'my-lib' is not a valid identifier"):
         opforge.op("my-lib::scale")(_f(Tensor))
