@@ -20,7 +20,7 @@ defaults, which give Liger's helpers copies of what they overwrite
 times the copies too, and the budget does not apply to it.
 
 Sizes (tests/gpu/liger_inputs.py): `small` has [4, 512] rows for the
-norms, GLUs and softmax, `large` is tests/gpu/test_liger.py's timing size
+norms, GLUs and softmax, `large` is bench_liger_compiled.py's default size
 ([4096, 4096] and [4096, 8192], Llama's attention shapes for rope), where
 one kernel takes 20-140 µs; on the H100 host the host's per-call work
 (Liger's Python and Triton's launcher, about 100 µs a forward) still

@@ -1,11 +1,11 @@
 """Inputs for Liger-Kernel's ops and their ports (tests/gpu/liger_ports.py),
-and one forward + backward over them: shared by tests/gpu/test_liger.py and
-benchmarks/bench_liger.py.
+and one forward + backward over them: shared by tests/gpu/test_liger.py,
+benchmarks/bench_liger.py and benchmarks/bench_liger_compiled.py.
 
 Sizes: "test" (what the tests compare and compile), "small" (the benchmark's
 size at which the host's per-call work decides the time: [4, 512] rows) and
-"large" (the benchmark's and test_timings' size: [4096, 4096] rows, Llama's
-attention shapes for RoPE). Every input that takes a gradient is a leaf.
+"large" (the benchmarks' size: [4096, 4096] rows, Llama's attention shapes
+for RoPE). Every input that takes a gradient is a leaf.
 """
 
 import torch

@@ -1,12 +1,10 @@
 """The autograd node of ops with a Python backward on CUDA tensors
 (docs/python_ops.md#autograd), against a torch.autograd.Function with the
-same code, and its cost next to the Function's.
+same code. Its cost next to the Function's is a row of
+`python benchmarks/bench_python_ops.py --device cuda` (`opforge bench`).
 
-    python -m pytest tests/gpu/test_autograd_node_gpu.py -v -s
+    python -m pytest tests/gpu/test_autograd_node_gpu.py -v
 """
-
-import statistics
-import time
 
 import pytest
 import torch
@@ -87,38 +85,3 @@ def test_a_compiled_call_on_cuda_gives_the_eager_gradients(ns):
         f(x, w).backward()
         grads.append((x.grad, w.grad))
     assert all(torch.allclose(p, q) for p, q in zip(*grads))
-
-
-def _median_us(fn, repeats=15, number=200):
-    samples = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) / number * 1e6)
-    return statistics.median(samples)
-
-
-def test_timings_forward_and_backward_next_to_a_function(ns, capsys):
-    op, function = twins(ns, "mul_add_t")
-    x, w = inputs()
-    rows = {}
-    for label, f in (("opforge", op), ("autograd.Function", function)):
-        def fwd(f=f):
-            f(x, w)
-
-        def fwd_bwd(f=f):
-            a, b = f(x, w)
-            (a.sum() + b.sum()).backward()
-
-        rows[label] = (_median_us(fwd), _median_us(fwd_bwd))
-    with capsys.disabled():
-        print()
-        for label, (f, fb) in rows.items():
-            print(f"  {label:20} forward {f:8.1f} µs   forward+backward {fb:8.1f} µs")
-        ours, theirs = rows["opforge"], rows["autograd.Function"]
-        print(f"  opforge / Function:  forward {ours[0] / theirs[0]:.2f}x   "
-              f"forward+backward {ours[1] / theirs[1]:.2f}x")
-    assert all(t > 0 for row in rows.values() for t in row)

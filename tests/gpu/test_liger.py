@@ -8,17 +8,16 @@ of a Triton library"): one `@opforge.op` per Liger autograd.Function, with
 Per op and dtype: eager outputs and gradients equal Liger's Function;
 torch.compile(fullgraph=True) with Inductor gives the same values with no
 graph break, and Liger's kernels are in the forward and in the backward
-graph that Inductor compiles (no opaque op). `test_timings` prints the
-bf16 forward and forward+backward times next to Liger's Function, eager and
-compiled; benchmarks/bench_liger.py is the measurement with repeats. The
-ports' in-place variants (`in_place=True`, `rope_`) equal Liger's Functions,
+graph that Inductor compiles (no opaque op). benchmarks/bench_liger.py
+times the ports against Liger's Functions eagerly, and
+benchmarks/bench_liger_compiled.py eager and compiled. The ports' in-place
+variants (`in_place=True`, `rope_`) equal Liger's Functions,
 which overwrite the same tensors. The last tests show what opforge reports
 for ports that let a kernel write a tensor they do not own, or whose helper
 reads tensor values.
 """
 
 import os
-import statistics
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -49,7 +48,6 @@ from opforge import _inspect  # noqa: E402
 from triton_testing import RecordingInductor, chain_text, jit_function  # noqa: E402
 
 DTYPES = [torch.float32, torch.bfloat16]
-TIMING_DTYPES = [torch.bfloat16]  # each timed row compiles twice; the training dtype is the one that matters
 
 
 # --- the cases: one per Liger Function --------------------------------------------------------------
@@ -307,75 +305,3 @@ def test_liger_cross_entropy_helpers_read_tensor_values_and_the_error_names_lige
     assert "liger::cross_entropy_literal: the body reads a tensor's value at " in text
     assert f"{os.sep}liger_kernel{os.sep}ops{os.sep}cross_entropy.py:" in text
     assert "liger_ports.py:" in text.split("(reached from ", 1)[1]
-
-
-# --- timings ------------------------------------------------------------------------------------------
-
-
-def _time_us(fn, leaves):
-    from triton.testing import do_bench
-
-    return do_bench(fn, warmup=50, rep=200, grad_to_none=leaves, return_mode="median") * 1000
-
-
-def _measure(fn, inputs):
-    """(forward µs, forward+backward µs) of fn, or (None, None) if it fails."""
-    args = fresh(inputs)
-    leaves = [a for a in args if a.requires_grad]
-    try:
-        outs = as_tuple(fn(*args))
-        grads = output_grads(outs)
-        torch.autograd.backward(outs, grads)
-
-        def forward():
-            fn(*args)
-
-        def forward_backward_once():
-            torch.autograd.backward(as_tuple(fn(*args)), grads)
-
-        return _time_us(forward, leaves), _time_us(forward_backward_once, leaves)
-    except Exception as e:  # noqa: BLE001 - reported in the table
-        warnings.warn(f"timing failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-        return None, None
-
-
-def test_timings(capsys):
-    rows = []
-    for name, case in CASES.items():
-        for dtype in TIMING_DTYPES:
-            inputs = inputs_for(case, dtype, "large")
-            torch._dynamo.reset()
-            liger_eager = _measure(case.liger, inputs)
-            liger_compiled = _measure(torch.compile(case.liger), inputs)
-            liger_breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
-            torch._dynamo.utils.counters.clear()
-            mine_eager = _measure(case.port, inputs)
-            mine_compiled = _measure(torch.compile(case.port, fullgraph=True), inputs)
-            rows.append((name, str(dtype).replace("torch.", ""), liger_eager, liger_compiled, mine_eager,
-                         mine_compiled, liger_breaks))
-            del inputs
-            torch.cuda.empty_cache()
-
-    def cell(v):
-        return "fails" if v is None else f"{v:.1f}"
-
-    header = ("op", "dtype", "Liger", "Liger+compile", "opforge", "opforge+compile")
-    lines = [f"Liger-Kernel ops, median µs per call on {torch.cuda.get_device_name()} "
-             f"(torch {torch.__version__}, triton {triton.__version__})", ""]
-    for what, index in (("forward", 0), ("forward+backward", 1)):
-        lines.append(f"{what}:")
-        lines.append("| " + " | ".join(header) + " |")
-        lines.append("|" + "---|" * len(header))
-        for name, dtype, le, lc, me, mc, _ in rows:
-            lines.append(f"| {name} | {dtype} | {cell(le[index])} | {cell(lc[index])} | {cell(me[index])} | "
-                         f"{cell(mc[index])} |")
-        lines.append("")
-    ratios = [r[5][1] / r[3][1] for r in rows if r[5][1] and r[3][1]]
-    if ratios:
-        lines.append(f"opforge+compile / Liger+compile, forward+backward: geometric mean "
-                     f"{statistics.geometric_mean(ratios):.2f}")
-    breaks = {f"{r[0]} {r[1]}": r[6] for r in rows if r[6]}
-    lines.append(f"graph breaks under torch.compile of Liger's Functions: {breaks or 'none'}")
-    show(capsys, "\n".join(lines))
-    measured = [r for r in rows if r[4][0] is not None and r[5][0] is not None]
-    assert len(measured) == len(rows), "every opforge port runs eagerly and compiled"
