@@ -17,6 +17,13 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def table_row(out: str, label: str) -> list[float]:
+    """The numbers of a bench table's row: '  custom_op (flat)   361.9   45.24   0.32' -> [361.9, 45.24, 0.32];
+    fails unless exactly one line has the label and every column after it is a number."""
+    (line,) = [line for line in out.splitlines() if line.strip().startswith(label + "  ")]
+    return [float(v.rstrip("x")) for v in line.strip()[len(label):].split()]
+
+
 def test_inspect_prints_signature_schema_and_mapping_tree(capsys):
     code, out, _ = run_cli(capsys, "inspect", "opforge_demo::attention", "--import", "opforge._demo")
     assert code == 0
@@ -120,10 +127,17 @@ def test_bench_compiled_runs_each_model_and_prints_the_step_ratio(capsys, tmp_pa
                            "--backend", "eager", "--repeats", "1", "--min-time", "0.001", "--json", str(out_file))
     assert code == 0
     assert "2 layers x 4 ops (2 tensors + a struct of 5 scalars), backend eager" in out
-    for row in ("opforge struct op", "define+impl (flat)", "custom_op (flat)", "step, opforge / define+impl"):
-        assert row in out, row
     result = json.loads(out_file.read_text())
-    assert result["ops"] == 8 and all(r["step_us"] > 0 for r in result["rows"].values())
+    assert result["ops"] == 8
+    assert list(result["rows"]) == ["opforge struct op", "define+impl (flat)", "custom_op (flat)"]
+    # step µs, per op µs, compile s: the JSON's numbers, as printed.
+    for label, row in result["rows"].items():
+        assert table_row(out, label) == [round(row["step_us"], 1), round(row["step_us"] / 8, 2),
+                                         round(row["compile_s"], 2)], label
+    ratio_line = next(line for line in out.splitlines() if "step, opforge / define+impl" in line)
+    ratio = result["rows"]["opforge struct op"]["step_us"] / result["rows"]["define+impl (flat)"]["step_us"]
+    assert ratio_line.split() == ["step,", "opforge", "/", "define+impl", f"{ratio:.2f}x", "budget", "<=", "1.0x:",
+                                  *(["met"] if ratio <= 1.0 else ["NOT", "met"])]
 
 
 def test_bench_runners_compiles_each_model_once_and_prints_the_ratios(capsys, tmp_path):
@@ -138,7 +152,10 @@ def test_bench_runners_compiles_each_model_once_and_prints_the_ratios(capsys, tm
         assert row in out, row
     result = json.loads(out_file.read_text())
     assert [r["graphs"] for r in result["rows"].values()] == [1, 1, 1]  # six runners, one graph
-    assert all(r["compile_s"] > 0 and r["step_us"] > 0 for r in result["rows"].values())
+    # compile s, graphs, step µs, eager µs: the JSON's numbers, as printed.
+    for label, row in result["rows"].items():
+        assert table_row(out, label) == [round(row["compile_s"], 2), row["graphs"], round(row["step_us"], 1),
+                                         round(row["eager_step_us"], 1)], label
 
 
 def test_bench_without_cuda_says_so(capsys):

@@ -2,7 +2,9 @@
 from Python: gradients of struct fields, gradcheck, opcheck and
 torch.compile(fullgraph=True) forward and backward."""
 
+import math
 import os
+import re
 
 import pytest
 import torch
@@ -116,7 +118,21 @@ def test_the_op_compiles_with_fullgraph_forward_and_backward(ext, Lin, backend):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
-def test_the_bench_times_the_cpp_backward_against_a_hand_written_function():
+def bench_rows(text: str) -> dict[str, tuple[list[float], str | None]]:
+    """The rendered bench table's rows: label -> (its numbers, its budget verdict or None).
+    '    C++ backward / autograd::Function, from C++        1.012x   budget <= 1.05x: met'
+    -> {'C++ backward / autograd::Function, from C++': ([1.012], 'met')}"""
+    rows = {}
+    for line in text.splitlines():
+        if not line.startswith("    "):
+            continue  # a title or a section heading
+        label, numbers, *budget = re.split(r"\s{2,}", line.strip())
+        rows[label] = ([float(v.rstrip("x")) for v in numbers.split(" / ")],
+                       budget[0].split(": ")[1] if budget else None)
+    return rows
+
+
+def test_the_bench_prints_the_cpp_backward_against_a_hand_written_function_with_every_number():
     library = _bench_cpp.build(os.path.join(ROOT, "build", "bench_cpp_ops"))
     results = _bench_cpp.measure(library, calls=20, repeats=1)
     assert set(results.cpp) == {"flat", "structured", "function_bwd", "opforge_bwd"}
@@ -124,8 +140,18 @@ def test_the_bench_times_the_cpp_backward_against_a_hand_written_function():
     leaf_rows |= {f"struct{n}_built" for n in _bench_cpp.LEAVES}
     assert set(results.python) == {"flat", "structured", "structured_wrapper", "function_bwd", "opforge_bwd",
                                    "opforge_wrapper_bwd"} | leaf_rows
-    assert all(v > 0 for v in (*results.cpp.values(), *results.python.values()))
     text = _bench_cpp.render(results)
+    rows = bench_rows(text)
+    assert all(numbers and all(math.isfinite(n) for n in numbers) for numbers, _ in rows.values()), text
+    assert [len(rows[label][0]) for label in ("flat op, torch.ops.ns.flatN(x, *leaves)",
+                                               "struct op, opforge.ops.ns.structN(x, cfg)")] == [3, 3]
+    # Each ratio is the measured values' and its verdict is the budget's.
+    ratio, verdict = rows["C++ backward / autograd::Function, from C++"]
+    assert ratio[0] == pytest.approx(results.cpp["opforge_bwd"] / results.cpp["function_bwd"], abs=5e-4)
+    assert verdict == ("met" if ratio[0] <= 1.05 else "NOT met")
+    ratio, verdict = rows["C++ struct op / flat op, from Python"]
+    assert ratio[0] == pytest.approx(results.python["structured"] / results.python["flat"], abs=5e-4)
+    assert verdict == ("met" if ratio[0] <= 1.05 else "NOT met")
     for row in ("fwd+bwd: hand-written torch::autograd::Function", "fwd+bwd: opforge C++ backward (struct form)",
                 "C++ backward / autograd::Function, from C++", "C++ backward / autograd::Function, from Python",
                 "C++ struct op / flat torch.ops op, 30 leaves", "same, struct built in the call, 5 leaves"):
