@@ -18,7 +18,7 @@ from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table  # noqa
 
 import opforge  # noqa: E402
 import opforge.triton as ot  # noqa: E402
-from opforge import _inspect  # noqa: E402
+from opforge import cli  # noqa: E402
 from opforge.triton import _flatten, _kernels, _trace, _writes  # noqa: E402
 from triton_helpers import flaglike as fl  # noqa: E402
 from triton_testing import (  # noqa: E402
@@ -59,6 +59,12 @@ def target_driver():
         yield
     finally:
         config._active = previous
+
+
+def inspect_text(op, capsys) -> str:
+    """What `opforge inspect NAME` prints for the op."""
+    assert cli.main(["inspect", op.name]) == 0
+    return capsys.readouterr().out
 
 
 def _scales(package) -> bool:
@@ -157,14 +163,14 @@ def multiply_body(x: Tensor, y: Tensor) -> Tensor:
     return fl.multiply(x, y)
 
 
-def test_a_kernel_generated_at_run_time_is_found_when_the_op_is_traced(target_driver):
+def test_a_kernel_generated_at_run_time_is_found_when_the_op_is_traced(target_driver, capsys):
     plan = ot.plan("tt_launch_plan::multiply", multiply_body)
     assert plan.kernels == () and plan.at_run_time == (
         f"mul(...) at flaglike.py:{fl.multiply.__code__.co_firstlineno + 1}",)
     op = opforge.op(fresh("multiply"))(multiply_body)
     assert op.triton_kernels == ()
     assert "triton     a Triton op whose kernels are found when it is traced: none traced yet" in \
-        _inspect.describe(op)
+        inspect_text(op, capsys)
     x, y = x100(), x100()
     gm = graphs(lambda a, b: op(a, b) * 2, x, y)["forward"]
     (node,) = kernel_nodes(gm)
@@ -176,7 +182,7 @@ def test_a_kernel_generated_at_run_time_is_found_when_the_op_is_traced(target_dr
                                                                      args["out0_ptr"]))
     assert node.kwargs["tensors_to_clone"] == ["out0_ptr"]
     assert op.triton_kernels == (generated,)
-    assert f"triton     forward: mul_kernel_rank_1 ({generated.fn.__module__})" in _inspect.describe(op)
+    assert f"triton     forward: mul_kernel_rank_1 ({generated.fn.__module__})" in inspect_text(op, capsys)
 
 
 def test_a_kernel_generated_at_run_time_in_backward_is_listed_after_tracing(target_driver):
@@ -244,8 +250,14 @@ def test_a_helper_reached_through_a_module_is_in_the_source_inductor_compiles(tm
 
 
 def test_a_kernel_without_module_helpers_is_traced_as_it_is():
-    assert _flatten.for_inductor(fl.scale_kernel.fn) is fl.scale_kernel.fn
-    copy = _flatten.for_inductor(fl.double_kernel.fn)
+    (kernel,) = graph_kernel_objects(graphs(opforge.op(fresh("scale_as_is"))(scale_body), x100())["forward"])
+    assert kernel is fl.scale_kernel.fn
+
+    def body(x: Tensor) -> Tensor:
+        return fl.double(x)
+
+    # double_kernel calls a helper through a module (device.twice): Inductor gets a copy that calls it by name.
+    (copy,) = graph_kernel_objects(graphs(opforge.op(fresh("double_copy"))(body), x100())["forward"])
     assert copy is not fl.double_kernel.fn and copy.fn is not fl.double_kernel.fn.fn
     assert "twice(tl.load" in copy.fn.src and "device.twice" in fl.double_kernel.fn.fn.src
 
@@ -261,7 +273,11 @@ def test_a_launcher_that_hides_its_kernel_is_rejected_naming_its_type_and_the_fi
     with pytest.raises(ValueError, match=rf"^{name}: launcher Unfollowable \(a triton.KernelInterface\) holds "
                                          r"nothing at \.fn, not a @triton.jit function.*triton='off'"):
         opforge.op(name)(body)
-    assert opforge.op(fresh("hidden_off"), triton="off", fake=lambda x: torch.empty_like(x))(body) is not None
+    # triton="off" takes it as an opaque op: Inductor calls the op, and no kernel is looked for.
+    op = opforge.op(fresh("hidden_off"), triton="off", fake=lambda x: torch.empty_like(x))(body)
+    assert op.triton_kernels == ()
+    gm = graphs(lambda x: op(x) * 2, x100())["forward"]
+    assert any(n.target is op.overload for n in gm.graph.nodes) and kernel_nodes(gm) == []
 
 
 def test_a_launcher_that_hides_its_kernel_is_rejected_in_extra_triton_kernels():

@@ -9,6 +9,9 @@ them; eager values run on Triton's interpreter (see test_triton.py).
 
 import dataclasses
 import inspect
+import os
+import sys
+import traceback
 import warnings
 
 import pytest
@@ -18,8 +21,8 @@ triton = pytest.importorskip("triton")
 
 import opforge  # noqa: E402
 import opforge.triton as ot  # noqa: E402
-from opforge import _inspect  # noqa: E402
-from opforge.triton import _kernels, _trace, _writes  # noqa: E402
+from opforge import cli  # noqa: E402
+from opforge.triton import _kernels, _writes  # noqa: E402
 from triton_helpers import lazy  # noqa: E402
 from triton_helpers import library as lib  # noqa: E402
 from triton_helpers import kernels as K  # noqa: E402
@@ -70,6 +73,39 @@ def analysis():
         yield
 
 
+class BackwardCalled(Exception):
+    """What raise_if_asked raises inside a backward or setup_context."""
+
+
+_ASKED: list = []
+
+
+def raise_if_asked() -> None:
+    if _ASKED:
+        raise BackwardCalled
+
+
+def opforge_frames_above(run) -> list[str]:
+    """Runs `run` with raise_if_asked() raising, and returns opforge's frames
+    in the traceback ('file.py:function'), between autograd and the user's
+    function that raised: [] when autograd calls the user's function itself."""
+    package = os.path.dirname(opforge.__file__) + os.sep
+    _ASKED.append(True)
+    try:
+        with pytest.raises(BackwardCalled) as info:
+            run()
+    finally:
+        _ASKED.clear()
+    return [f"{os.path.basename(f.filename)}:{f.name}" for f in traceback.extract_tb(info.tb)
+            if f.filename.startswith(package)]
+
+
+def inspect_text(op, capsys) -> str:
+    """What `opforge inspect NAME` prints for the op."""
+    assert cli.main(["inspect", op.name]) == 0
+    return capsys.readouterr().out
+
+
 # --- backward and setup_context ------------------------------------------------------------
 
 
@@ -118,44 +154,121 @@ def test_an_opaque_forward_still_gets_its_backward_kernels_traced():
     assert op.triton_kernels.forward == () and op.triton_kernels.backward == (lib.scale_kernel,)
 
 
-def test_a_backward_that_launches_nothing_is_kept_as_given():
+def test_a_backward_that_launches_nothing_is_kept_as_given(interp):
+    def body(x: Tensor) -> Tensor:
+        return interp.library.scale_forward(x, 3.0)
+
+    def backward(ctx, grad):
+        raise_if_asked()
+        return grad * 3.0
+
+    assert ot.autograd(fresh("plain_bw_plan"), body, backward, None) == (backward, None)
+    op = opforge.op(fresh("plain_bw"), backward=backward)(body)
+    assert op.triton_kernels.forward == (interp.library.scale_kernel,) and op.triton_kernels.backward == ()
+    # Autograd calls the user's backward itself, with no opforge frame between.
+    assert opforge_frames_above(lambda: op(grad_input(50)).sum().backward()) == []
+    x = grad_input(50)
+    op(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
+
+
+def test_a_backward_that_launches_nothing_has_no_kernel_in_the_backward_graph():
     def backward(ctx, grad):
         return grad * 3.0
 
-    op = opforge.op(fresh("plain_bw"), backward=backward)(scaled_body)
-    assert op._state.backward is backward
+    op = opforge.op(fresh("plain_bw_graph"), backward=backward)(scaled_body)
     assert graph_kernels(graphs(op, grad_input())["backward"]) == []
 
 
-def test_a_backward_that_launches_nothing_is_kept_as_given_next_to_a_launching_setup_context():
+def test_a_backward_that_launches_nothing_is_kept_as_given_next_to_a_launching_setup_context(interp):
+    def body(x: Tensor) -> Tensor:
+        return interp.library.scale_forward(x, 3.0)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(interp.library.scale_forward(inputs[0], 2.0))
+
+    def backward(ctx, grad):
+        raise_if_asked()
+        (doubled,) = ctx.saved_tensors
+        return grad * doubled
+
+    new_backward, new_setup_context = ot.autograd(fresh("plain_bw_setup_plan"), body, backward, setup_context)
+    assert new_backward is backward
+    assert new_setup_context is not setup_context and new_setup_context.__wrapped__ is setup_context
+    op = opforge.op(fresh("plain_bw_setup"), backward=backward, setup_context=setup_context)(body)
+    assert op.triton_kernels.backward == (interp.library.scale_kernel,)  # setup_context's launch
+    assert opforge_frames_above(lambda: op(grad_input(50)).sum().backward()) == []
+    x = grad_input(50)
+    op(x).sum().backward()
+    torch.testing.assert_close(x.grad, x.detach() * 2.0)
+
+
+def test_a_launching_setup_context_next_to_a_plain_backward_is_traced():
     def setup_context(ctx, inputs, output):
         ctx.save_for_backward(lib.scale_forward(inputs[0], 2.0))
 
     def backward(ctx, grad):
-        return grad * 3.0
+        (doubled,) = ctx.saved_tensors
+        return grad * doubled
 
-    op = opforge.op(fresh("plain_bw_setup"), backward=backward, setup_context=setup_context)(scaled_body)
-    assert op._state.backward is backward and op._state.setup_context is not setup_context
+    op = opforge.op(fresh("plain_bw_setup_graph"), backward=backward, setup_context=setup_context)(scaled_body)
+    g = graphs(op, grad_input())
+    assert graph_kernels(g["forward"]) == [lib.scale_kernel, lib.scale_kernel]
+    assert graph_kernels(g["backward"]) == []
+
+
+def launching_backward(ctx, grad: Tensor):
+    raise_if_asked()
+    return lib.scale_backward(grad.contiguous(), 3.0)
 
 
 def test_triton_off_leaves_backward_as_given():
-    op = opforge.op(fresh("off_bw"), backward=scaled_backward, triton="off",
-                    fake=lambda x: torch.empty_like(x))(scaled_body)
-    assert op._state.backward is scaled_backward
+    def body(x: Tensor) -> Tensor:
+        return x * 3.0
+
+    def make(triton):
+        return opforge.op(fresh(f"off_bw_{triton}"), backward=launching_backward, triton=triton,
+                          fake=lambda x: torch.empty_like(x))(body)
+
+    assert ot.autograd(fresh("off_bw_plan"), body, launching_backward, None, mode="off") == (launching_backward, None)
+    op = make("off")
     assert op.triton_kernels == ()
+    assert opforge_frames_above(lambda: op(grad_input()).sum().backward()) == []
+    # The same op with triton="auto" runs its backward through opforge's switch.
+    assert opforge_frames_above(lambda: make("auto")(grad_input()).sum().backward()) != []
 
 
-def test_the_traced_backward_is_used_only_while_tracing():
-    op = opforge.op(fresh("switch"), backward=scaled_backward)(scaled_body)
-    assert op._state.backward is not scaled_backward
-    assert op._state.backward.__wrapped__ is scaled_backward
-    assert inspect.signature(op._state.backward) == inspect.signature(scaled_backward)
-    assert not _trace.tracing((torch.ones(2),))
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def test_the_traced_backward_is_used_only_while_tracing(interp):
+    def body(x: Tensor) -> Tensor:
+        return interp.library.scale_forward(x, 3.0)
 
-    with FakeTensorMode() as mode:
-        fake = mode.from_tensor(torch.ones(2))
-    assert _trace.tracing((fake,))
+    ran_as_written = []
+
+    def backward(ctx, grad):
+        ran_as_written.append(sys._getframe().f_code is backward.__code__)  # False in opforge's traced copy
+        return interp.library.scale_backward(grad.contiguous(), 3.0)
+
+    switch, _ = ot.autograd(fresh("switch_plan"), body, backward, None)
+    assert switch is not backward and switch.__wrapped__ is backward
+    assert inspect.signature(switch) == inspect.signature(backward)
+
+    op = opforge.op(fresh("switch"), backward=backward)(body)
+    x = grad_input(50)
+    op(x).sum().backward()  # eagerly: the user's function
+    assert ran_as_written == [True]
+    torch.testing.assert_close(x.grad, torch.full_like(x, 3.0))
+
+
+def test_the_traced_backward_gives_inductor_its_kernels():
+    ran_as_written = []
+
+    def backward(ctx, grad):
+        ran_as_written.append(sys._getframe().f_code is backward.__code__)
+        return lib.scale_backward(grad.contiguous(), 3.0)
+
+    op = opforge.op(fresh("switch_traced"), backward=backward)(scaled_body)
+    assert graph_kernels(graphs(op, grad_input())["backward"]) == [lib.scale_kernel]
+    assert ran_as_written and not any(ran_as_written)  # while tracing: opforge's traced copy
 
 
 def test_backward_gives_the_gradient_eagerly_on_the_interpreter(interp):
@@ -434,22 +547,36 @@ def test_a_backward_overwriting_a_saved_input_warns(analysis):
         graphs(op, grad_input())
 
 
-def test_without_a_gpu_driver_nothing_is_guessed(monkeypatch):
-    monkeypatch.setattr(_writes, "_driver_ready", lambda: False)
-    assert _writes.written_arguments(lib.scale_kernel, {"X_ptr": torch.ones(4), "Y_ptr": torch.ones(4), "n": 4,
-                                                        "factor": 1.0, "BLOCK": 32, "X_stride": 1}) is None
-    op = opforge.op(fresh("no_driver"))(writes_its_input)
-    assert graph_kernels(graphs(op, torch.randn(64))["forward"]) == [lib.scale_kernel]
+def test_without_a_gpu_driver_nothing_is_guessed(analysis):
+    # With a driver, this op's undeclared write is an error (test_a_kernel_writing_an_undeclared_input_is_reported);
+    # without one torch's analysis could only guess, so opforge reports nothing and Inductor gets the kernel.
+    ready = _writes._driver_ready
+    _writes._driver_ready = lambda: False
+    try:
+        op = opforge.op(fresh("no_driver"))(writes_its_input)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ot.UndeclaredWriteWarning)
+            assert graph_kernels(graphs(op, torch.randn(64))["forward"]) == [lib.scale_kernel]
+    finally:
+        _writes._driver_ready = ready
 
 
-def test_the_analysis_runs_once_per_kernel_and_constants(analysis):
+def test_the_analysis_runs_once_per_kernel_and_constants(analysis, monkeypatch):
+    from torch._higher_order_ops import triton_kernel_wrap as tkw
+
+    # torch's analysis, which opforge asks (identify_accessed_tensors from torch 2.12).
+    name = "identify_accessed_tensors" if hasattr(tkw, "identify_accessed_tensors") else "identify_mutated_tensors"
+    analysed = []
+    real = getattr(tkw, name)
+    monkeypatch.setattr(tkw, name, lambda jit, args, *rest: analysed.append(dict(args)) or real(jit, args, *rest))
+
     args = {"X_ptr": torch.ones(4), "Y_ptr": torch.ones(4), "n": 4, "factor": 1.0, "BLOCK": 32, "X_stride": 1}
     assert _writes.written_arguments(lib.scale_kernel, args) == {"Y_ptr"}
-    before = _writes.stats["analyses"]
-    assert _writes.written_arguments(lib.scale_kernel, {**args, "n": 8}) == {"Y_ptr"}
-    assert _writes.stats["analyses"] == before
-    _writes.written_arguments(lib.scale_kernel, {**args, "BLOCK": 64})
-    assert _writes.stats["analyses"] == before + 1
+    before = len(analysed)  # 0 if an earlier test analysed these constants already
+    assert _writes.written_arguments(lib.scale_kernel, {**args, "n": 8}) == {"Y_ptr"}  # n is not a constant
+    assert len(analysed) == before
+    assert _writes.written_arguments(lib.scale_kernel, {**args, "BLOCK": 64}) == {"Y_ptr"}
+    assert len(analysed) == before + 1 and analysed[-1]["BLOCK"] == 64
 
 
 # --- which kernels an op launches ---------------------------------------------------------------------
@@ -473,13 +600,13 @@ def test_triton_kernels_is_empty_for_an_opaque_op():
     assert opforge.op(fresh("opaque"))(body).triton_kernels == ()
 
 
-def test_inspect_prints_the_kernels_and_says_when_there_are_none():
+def test_inspect_prints_the_kernels_and_says_when_there_are_none(capsys):
     op = opforge.op(fresh("inspect"), backward=scaled_backward)(scaled_body)
-    text = _inspect.describe(op)
+    text = inspect_text(op, capsys)
     assert ("  triton     forward: scale_kernel (triton_helpers.library); "
             "backward: scale_kernel (triton_helpers.library)") in text
 
     def body(x: Tensor) -> Tensor:
         return x * 2
 
-    assert "  triton     no Triton kernels" in _inspect.describe(opforge.op(fresh("inspect_none"))(body))
+    assert "  triton     no Triton kernels" in inspect_text(opforge.op(fresh("inspect_none"))(body), capsys)
