@@ -289,6 +289,7 @@ class Builder:
         return f"_{prefix}{self._counter}"
 
     def build(self, op_overload, boundary) -> OpCode:
+        self.boundary = boundary
         self.ns.update(
             _compiling=torch.compiler.is_compiling,
             _op=op_overload,
@@ -562,10 +563,35 @@ class Builder:
                 bad = [f"not ({' and '.join(checks)})"] if checks else []
                 w.line(f"if {' or '.join(bad + missing)}:")
                 with w.block():
+                    table = self._none_errors()
+                    if table:
+                        # Dynamo cannot call into the boundary: the same message, raised in Python.
+                        values = "".join(f"{self.var(p)}, " for p in self.params)
+                        w.line(f"if _compiling(): {self.const('none', _raise_none_error)}(({values}), "
+                               f"{self.const('table', table)})")
                     w.line(f"_convert({self.original_call_args([self.var(p) for p in self.params])})  # raises")
             exprs = self.emit_flatten(w)
             w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
         return w.text()
+
+    def _none_errors(self) -> tuple:
+        """(parameter index, field path, message) for each field of a struct
+        parameter where None is an error, parents first, as eager converts."""
+        table = []
+
+        def walk(index, node, path):
+            for child in node.children:
+                sub = path + (child.name,)
+                message = self.boundary.none_error(index, list(sub))
+                if message:
+                    table.append((index, sub, message))
+                if not child.is_leaf:
+                    walk(index, child, sub)
+
+        for i, p in enumerate(self.params):
+            if not p.node.is_leaf:
+                walk(i, p.node, ())
+        return tuple(table)
 
     def _missing_fields(self, node, t: TypeInfo, expr: str, in_optional: bool) -> list[str]:
         """Conditions that hold when a required field of the struct `expr` is
@@ -720,6 +746,19 @@ def _make_struct_normalizer(op: str, param: Param):
         return dataclasses.replace(obj, **changes) if changes else obj
 
     return lambda obj: normalize(obj, param.type)
+
+
+def _raise_none_error(values: tuple, table: tuple) -> None:
+    """Raises the boundary's TypeError for the first field in `table` that
+    is None while its struct is there; traceable by Dynamo."""
+    for index, path, message in table:
+        value = values[index]
+        for name in path[:-1]:
+            if value is None:
+                break
+            value = getattr(value, name)
+        if value is not None and getattr(value, path[-1]) is None:
+            raise TypeError(message)
 
 
 def _make_bad_literal(op: str, where: Where, allowed: tuple):

@@ -57,6 +57,12 @@ PyObject* FailExpected(const std::string& op, const Location& where, Context con
     return Fail(PyExc_TypeError, op, where, context, "the default is None but the type is not Optional.",
                 "Annotate it as Optional[...], or change the default to " + want + ".");
   }
+  if (PyLong_Check(obj) && !PyBool_Check(obj) && expected.rfind("an int", 0) == 0) {
+    // An int, but past what torch's int (int64_t) holds.
+    return Fail(PyExc_OverflowError, op, where, context,
+                Describe(obj) + " is outside the range of torch's int (64-bit: -2**63 to 2**63-1).",
+                "Pass a value in that range, or a float or Tensor parameter for larger values.");
+  }
   std::string what = "expected " + want + ", got " + Describe(obj) + ".";
   return Fail(PyExc_TypeError, op, where, context, what, Fix(context, want));
 }
@@ -577,6 +583,25 @@ PyObject* Boundary::CheckAliases(PyObject* checked, const BodyInputs& inputs) {
               "Return a copy (x.clone()), or write into the input through mutates_args and return nothing.");
 }
 
+std::string Boundary::NoneError(size_t param, const std::vector<std::string>& fields) {
+  Node* node = &params_.at(param);
+  for (const std::string& field : fields) {
+    size_t i = 0;
+    while (i < node->children.size() && py::str(node->field_names[i]).cast<std::string>() != field) ++i;
+    if (i == node->children.size()) throw std::out_of_range(op_ + ": no field " + field);
+    node = &node->children[i];
+  }
+  Owned keep;
+  std::vector<PyObject*> tensors(num_tensor_slots_ + 1, nullptr);
+  PyObject* out = Convert(*node, Py_None, tensors.data(), keep, Context::kArgument);
+  if (out != nullptr) {
+    Py_DECREF(out);
+    return "";
+  }
+  py::error_already_set error;
+  return py::str(error.value()).cast<std::string>();
+}
+
 // --- the dispatcher path -----------------------------------------------------
 
 bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, Owned& owned) {
@@ -778,6 +803,8 @@ void InitBoundary(py::module_& m) {
            py::arg("value"), py::arg("inputs") = py::tuple(),
            "The body's return value checked and converted against the schema's returns; with the flat `inputs`, "
            "a returned tensor sharing storage with one of them is refused.")
+      .def("none_error", &Boundary::NoneError, py::arg("param"), py::arg("fields"),
+           "The message converting None at a parameter's field path raises, or '' where None is accepted.")
       .def("flat_defaults", &Boundary::FlatDefaults,
            "Per flat argument: None, or a 1-tuple with the default a Python kernel receives for it.")
       .def("check_defaults", &Boundary::CheckDefaults, "Raises if a parameter's default does not convert to its type.")

@@ -175,6 +175,11 @@ class Boundary {
 
   // Python-facing helpers.
   pybind11::tuple ConvertCall(pybind11::args args, pybind11::kwargs kwargs);
+
+  // The error converting None at parameter `param`, field path `fields`,
+  // gives ("" where None is accepted): for the traced path, which cannot
+  // call into C++ to raise it.
+  std::string NoneError(size_t param, const std::vector<std::string>& fields);
   pybind11::list FlatDefaults();
   void CheckDefaults();
 
