@@ -61,15 +61,15 @@ def rows():
 
 
 def runner(fn, inputs):
-    """A Runner (one call made, compiling a compiled fn), or the first line of why it failed:
-    of the innermost cause, since torch.compile wraps the error it met."""
+    """A Runner (one call made, compiling a compiled fn), or why it failed, in one line: the
+    innermost error (torch.compile wraps the one it met), its first and last lines."""
     try:
         return Runner(fn, inputs)
     except Exception as e:  # noqa: BLE001 - reported under the table
-        while e.__cause__ is not None:
-            e = e.__cause__
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        return f"{type(e).__name__}: {lines[0][:160] if lines else ''}"
+        while getattr(e, "inner_exception", None) is not None or e.__cause__ is not None:
+            e = getattr(e, "inner_exception", None) or e.__cause__
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [""]
+        return f"{type(e).__name__}: {lines[0][:120]}" + (f" ... {lines[-1][:160]}" if len(lines) > 1 else "")
 
 
 def medians(runners: dict, what: str, repeats: int) -> dict:
@@ -100,7 +100,7 @@ def main() -> int:
     import triton
 
     # torch logs a whole traceback when its analysis of a Liger kernel fails; the table says "fails".
-    logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").setLevel(logging.ERROR)
+    logging.getLogger("torch._higher_order_ops.triton_kernel_wrap").addFilter(lambda record: False)
     wanted = [o for o in args.ops.split(",") if o]
     table = {n: r for n, r in rows().items() if not wanted or n in wanted}
     sides = ("Liger", "Liger+compile", "opforge", "opforge+compile")
