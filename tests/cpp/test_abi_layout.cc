@@ -148,13 +148,15 @@ TEST_F(AbiLayout, TheStableAutogradTablesKeepTheirLayout) {
 }
 
 TEST_F(AbiLayout, TheEntryTableAndItsFunctionsKeepTheirLayout) {
-  EXPECT_EQ(sizeof(OpforgeAbiV1), 40u);
+  EXPECT_EQ(sizeof(OpforgeAbiV1), 48u);
   EXPECT_FIELD(OpforgeAbiV1, size, 0, uint32_t);
   EXPECT_FIELD(OpforgeAbiV1, commit_library, 8, int32_t (*)(const OpforgeLibraryV1*, char*, size_t));
   EXPECT_FIELD(OpforgeAbiV1, handle_acquire, 16, void* (*)(int64_t, const char*, void**, char*, size_t));
   EXPECT_FIELD(OpforgeAbiV1, handle_release, 24, void (*)(void*));
   EXPECT_FIELD(OpforgeAbiV1, handle_register, 32,
                int64_t (*)(void*, void (*)(void*), const char*, int32_t, char*, size_t));
+  // A later field, read only from cores whose size covers it.
+  EXPECT_FIELD(OpforgeAbiV1, op_counts, 40, int32_t (*)(const char*, size_t*, size_t*));
   EXPECT_TRUE((std::is_same_v<decltype(&opforge_abi_get), const void* (*)(uint32_t, uint32_t*)>));
   EXPECT_TRUE((std::is_same_v<decltype(&opforge_version), const char* (*)()>));
   EXPECT_TRUE((std::is_same_v<decltype(&opforge_report_load_error), void (*)(const char*, const char*)>));

@@ -152,3 +152,22 @@ def test_a_schema_with_bytes_that_are_not_utf8_is_a_readable_load_error(built, m
     count, message = out.split("\n", 1)
     assert count == "1 True"
     assert f"mistakes_bytes_{mode}::bytes: unexpected character '\\xff'" in message, message
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_call_with_a_return_type_or_arguments_unlike_the_op_is_refused_before_reading(built, mode):
+    out = run(built, mode, """
+        x = torch.ones(2)
+        for wrong in (0, 1):
+            print(outcome(ops.calls_wrongly, x, wrong))
+            print(outcome(flat.calls_wrongly, x, wrong))
+    """).splitlines()
+    returns = (f"RuntimeError: mistakes_{mode}::throws: opforge::Call<R> reads 2 returns but the op has 1; "
+               f"name the op's own return type as R (a tuple for several returns).")
+    assert out[0] == out[1] and out[0].startswith(returns[:60]), out
+    if mode == "stable":  # the C++ API mode's typed call checks the arguments as torch does
+        assert out[2] == out[3] == (f"RuntimeError: mistakes_{mode}::throws: opforge::Call passes 1 flat arguments "
+                                    f"but the op takes 2; pass the op's own parameters (structs as structs), "
+                                    f"defaults included."), out
+    else:
+        assert out[2] == out[3] and out[2].startswith("RuntimeError: ") and "mistakes_unstable::throws" in out[2], out

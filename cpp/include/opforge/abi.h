@@ -188,6 +188,11 @@ typedef struct OpforgeAbiV1 {
   void (*handle_release)(void* token);
   int64_t (*handle_register)(void* object, void (*destroy)(void*), const char* type, int32_t weak,
                              char* error, size_t error_size);
+  /* The flat argument and return counts of an op opforge defined ("ns::op",
+   * its default overload): 1, or 0 for any other op. For opforge::Call's
+   * check before it reads returns. A later field: cores before it end at
+   * `handle_register` (see size). */
+  int32_t (*op_counts)(const char* qualified, size_t* num_args, size_t* num_returns);
 } OpforgeAbiV1;
 
 #if defined(_WIN32)

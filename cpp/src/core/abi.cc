@@ -448,8 +448,20 @@ int64_t HandleRegister(void* object, void (*destroy)(void*), const char* type, i
   }
 }
 
+int32_t OpCounts(const char* qualified, size_t* num_args, size_t* num_returns) {
+  try {
+    auto op = OpSpecRegistry::Global().Find(Str(qualified));
+    if (!op) return 0;
+    *num_args = op->flat.arguments.size();
+    *num_returns = op->flat.returns.size();
+    return 1;
+  } catch (...) {
+    return 0;
+  }
+}
+
 constexpr OpforgeAbiV1 kAbiV1 = {
-    sizeof(OpforgeAbiV1), &CommitLibrary, &HandleAcquire, &HandleRelease, &HandleRegister,
+    sizeof(OpforgeAbiV1), &CommitLibrary, &HandleAcquire, &HandleRelease, &HandleRegister, &OpCounts,
 };
 
 }  // namespace

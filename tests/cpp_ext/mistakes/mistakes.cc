@@ -61,6 +61,17 @@ Tensor Undefined(const Tensor&) { return Tensor(); }
 std::tuple<Tensor, Tensor> UndefinedInTuple(const Tensor& x) { return {x, Tensor()}; }
 std::vector<Tensor> UndefinedInList(const Tensor& x) { return {x, Tensor()}; }
 
+#define MISTAKES_STR2(x) #x
+#define MISTAKES_STR(x) MISTAKES_STR2(x)
+
+// opforge::Call with a return type of two tensors for an op of one
+// (`wrong == 0`), or with a parameter too few (`wrong == 1`).
+Tensor CallsWrongly(const Tensor& x, int64_t wrong) {
+  const char* op = MISTAKES_STR(MISTAKES_NS) "::throws";
+  if (wrong == 0) return std::get<1>(opforge::Call<std::tuple<Tensor, Tensor>>(op, x, int64_t{9}));
+  return opforge::Call<Tensor>(op, x);
+}
+
 Tensor TakesTensor(const Tensor& x, const Tensor&) { return x; }
 Tensor TakesOne(const Tensor& x) { return x; }
 
@@ -73,6 +84,7 @@ OPFORGE_LIBRARY(MISTAKES_NS, m) {
   m.def("undefined(Tensor x) -> Tensor", &mistakes::Undefined);
   m.def("undefined_in_tuple(Tensor x) -> (Tensor, Tensor)", &mistakes::UndefinedInTuple);
   m.def("undefined_in_list(Tensor x) -> Tensor[]", &mistakes::UndefinedInList);
+  m.def("calls_wrongly(Tensor x, int wrong) -> Tensor", &mistakes::CallsWrongly);
 }
 
 // Blocks torch would take but whose kernels read their arguments wrongly:

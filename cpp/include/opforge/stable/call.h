@@ -4,9 +4,12 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "opforge/detail/abi_access.h"
 #include "opforge/detail/reader.h"
 #include "opforge/stable/slots.h"
 
@@ -20,7 +23,26 @@ R Call(const char* qualified, const Args&... args) {
     overload = name.substr(dot + 1);
     name = name.substr(0, dot);
   }
-  std::vector<StableIValue> stack(std::max(detail::kLeafCount<Args...>, detail::ResultCount<R>()));
+  // Checked before the call, for an op opforge defined (torch's stable ABI
+  // tells no schema): more returns than R reads would be written past the
+  // stack, fewer read past them.
+  size_t num_args = detail::kLeafCount<Args...>;
+  size_t num_returns = detail::ResultCount<R>();
+  const OpforgeAbiV1& abi = detail::Abi();
+  if (overload.empty() && abi.size >= offsetof(OpforgeAbiV1, op_counts) + sizeof(abi.op_counts) &&
+      abi.op_counts != nullptr && abi.op_counts(name.c_str(), &num_args, &num_returns) != 0) {
+    if (!std::is_void_v<R> && num_returns != detail::ResultCount<R>()) {
+      throw std::runtime_error(name + ": opforge::Call<R> reads " + std::to_string(detail::ResultCount<R>()) +
+                               " returns but the op has " + std::to_string(num_returns) +
+                               "; name the op's own return type as R (a tuple for several returns).");
+    }
+    if (num_args != detail::kLeafCount<Args...>) {
+      throw std::runtime_error(name + ": opforge::Call passes " + std::to_string(detail::kLeafCount<Args...>) +
+                               " flat arguments but the op takes " + std::to_string(num_args) +
+                               "; pass the op's own parameters (structs as structs), defaults included.");
+    }
+  }
+  std::vector<StableIValue> stack(std::max(detail::kLeafCount<Args...>, num_returns));
   StableIValue* slots = stack.data();
   detail::PutArgs<detail::StableSlots>(slots, args...);
   TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name.c_str(), overload.c_str(), stack.data(), TORCH_ABI_VERSION));
