@@ -28,7 +28,8 @@ def gen(cwd, *argv, **env):
 
 @pytest.fixture
 def gen_here(tmp_path, capsys, monkeypatch):
-    """`gen` in this process: runs `opforge gen ARGV` in tmp_path, which is on sys.path."""
+    """`gen` in this process: runs `opforge gen ARGV` in tmp_path, which is on sys.path. The modules it
+    imported from there are forgotten afterwards, so that another test's module of the same name is imported."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
 
@@ -40,7 +41,10 @@ def gen_here(tmp_path, capsys, monkeypatch):
         captured = capsys.readouterr()
         return types.SimpleNamespace(returncode=code, stdout=captured.out, stderr=captured.err)
 
-    return run
+    yield run
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
 
 
 def error_line(result, command: str) -> str:
@@ -162,13 +166,13 @@ def test_build_dir_naming_an_existing_file(tmp_path, allowlist, gen_here):
 
 
 def test_a_generated_file_that_cannot_be_written(tmp_path, gen_here):
-    (tmp_path / "defines_ops.py").write_text(
+    (tmp_path / "gen_cli_errors_ops.py").write_text(
         "import torch\n"
         "lib = torch.library.Library('gen_cli_errors_w', 'DEF')\n"
         "lib.define('twice(Tensor x) -> Tensor')\n")
     (tmp_path / "out" / "gen_cli_errors_w.pyi").mkdir(parents=True)
     message = error_line(gen_here(tmp_path, "stubs", "--namespace", "gen_cli_errors_w", "--out", "out",
-                             "--import", "defines_ops", "--quiet"), "stubs")
+                             "--import", "gen_cli_errors_ops", "--quiet"), "stubs")
     assert message == ("cannot write out/gen_cli_errors_w.pyi (Is a directory: out/gen_cli_errors_w.pyi); make its "
                        "directory a writable directory, or pass another one.")
 
