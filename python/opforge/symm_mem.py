@@ -25,10 +25,13 @@ import dataclasses
 import importlib.abc
 import importlib.machinery
 import functools
+import itertools
 import logging
 import os
+import random
 import sys
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -436,12 +439,27 @@ def _realize_tagged(op: str, names: list[str], args: tuple, kwargs: dict) -> Non
                           op, arg, device)
                 continue
             if can_realize_as_comm_buffer(box, ir.CommBufferType.SYMM_MEM):
+                _fresh_alloc_ids()
                 realize_as_comm_buffer(box, ir.CommBufferType.SYMM_MEM, group_name)
                 log.debug("%s: argument '%s' is allocated as a symmetric buffer of group %s", op, arg, group_name)
             else:
                 log.warning("%s: argument '%s' cannot be allocated in symmetric memory by Inductor (a graph "
                             "input, or a buffer Inductor does not allocate); pass a tensor from "
                             "torch.distributed._symmetric_memory.empty() instead.", op, arg)
+
+
+_compiles = itertools.count(1)
+
+
+def _fresh_alloc_ids() -> None:
+    """Inductor names each symmetric buffer with `alloc_id=random.randint(...)`
+    while torch.compile keeps Python's random state as it was before the
+    compile, so two compiles in a row draw the same ids, and the second
+    graph's buffer (another size) fails: 'requested allocation size ... is
+    different from the size of a previous allocation with the same alloc_id'.
+    Reseeding while compiling gives each compile its own ids; the caller's
+    random state is restored after the compile all the same."""
+    random.seed((os.getpid() << 32) ^ next(_compiles) ^ time.monotonic_ns())
 
 
 def _on_inductor_loaded() -> None:
