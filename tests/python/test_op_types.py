@@ -148,7 +148,7 @@ def test_optional_struct_is_none_or_an_instance(ns, path):
     @opforge.op(f"{ns}::opt")
     def opt(x: Tensor, cfg: Optional[KwCfg] = None, other: KwCfg | None = None) -> Tensor:
         record(cfg=cfg, other=other)
-        return x if cfg is None else x * cfg.scale
+        return x.clone() if cfg is None else x * cfg.scale
 
     assert opt.schema == (f"{ns}::opt(Tensor x, bool cfg__is_set=False, float? cfg__scale=None, float? cfg__bias=None, "
                           f"bool other__is_set=False, float? other__scale=None, float? other__bias=None) -> Tensor")
@@ -190,7 +190,7 @@ def test_a_default_torch_cannot_express_drops_earlier_positional_defaults_with_a
     with pytest.warns(UserWarning, match="the default of 'dims' is not in the flat schema"):
         @opforge.op(f"{ns}::late")
         def late(x: Tensor, dims: list[int] = [0], names: list[str] = ["a"]) -> Tensor:
-            return x
+            return x.clone()
 
     assert late.schema == f"{ns}::late(Tensor x, SymInt[] dims, str[] names) -> Tensor"
     assert torch.equal(late(torch.ones(1)), torch.ones(1))
@@ -234,7 +234,7 @@ def test_literal_parameters_lower_to_str_and_int_and_are_checked_at_call_time(ns
 def test_literal_fields_are_checked_at_call_time(ns, path):
     @opforge.op(f"{ns}::litf")
     def litf(x: Tensor, e: Everything) -> Tensor:
-        return x
+        return x.clone()
 
     with pytest.raises(ValueError, match=rf"^{ns}::litf: parameter 'e', field Everything.kind: 'c' is not one of"):
         litf(torch.ones(1), Everything(kind="c"))
@@ -267,7 +267,7 @@ def test_enum_fields_accept_values_and_the_body_gets_members(ns, path):
     @opforge.op(f"{ns}::enf")
     def enf(x: Tensor, e: Everything, o: Optional[Everything] = None) -> Tensor:
         record(e=e, o=o)
-        return x
+        return x.clone()
 
     enf(torch.ones(1), Everything(mode="exact", level=1), Everything(level=2))
     assert seen["e"] == Everything(mode=Mode.EXACT, level=Level.LOW)
@@ -287,7 +287,7 @@ def test_an_optional_struct_field_may_be_none_at_any_level(ns, path):
     @opforge.op(f"{ns}::opt2")
     def opt2(x: Tensor, o: Opt2) -> Tensor:
         record(o=o)
-        return x if o.inner is None or o.inner.w is None else x + o.inner.w
+        return x.clone() if o.inner is None or o.inner.w is None else x + o.inner.w
 
     assert opt2.schema == f"{ns}::opt2(Tensor x, bool o__inner__is_set=False, float? o__inner__b__c=None, Tensor? o__inner__w=None) -> Tensor"
     assert torch.equal(opt2(torch.ones(1), Opt2()), torch.ones(1))
