@@ -186,7 +186,7 @@ def test_the_cpp_all_reduce_picks_one_shot_or_two_shot_by_size_and_world_size(ke
     assert opforge.symm_mem_args("kernels::all_reduce") == ["input"]
     never = 2**63 - 1
     assert {w: kernels.all_reduce_two_shot_min_bytes(w) for w in range(1, 10)} == {
-        1: never, 2: 512 << 10, 3: never, 4: 512 << 10, 5: never, 6: never, 7: never, 8: 256 << 10, 9: never}
+        1: never, 2: 2 << 20, 3: never, 4: 512 << 10, 5: never, 6: never, 7: never, 8: 256 << 10, 9: never}
 
     # torch's symm_mem ops have no CPU kernels: stand-ins record which one the op calls.
     calls = []
