@@ -110,6 +110,13 @@ TEST(SchemaParse, ListAliasAnnotationsNestInAContainer) {
 
 TEST(SchemaParse, FreshWriteAliasGetsAGeneratedSet) {
   EXPECT_EQ(RoundTrip("a::b(Tensor! x) -> Tensor"), "a::b(Tensor($0! -> ) x) -> Tensor");
+  // ... and that printed form (torch's too, for a TORCH_LIBRARY op's `Tensor!`) reads back.
+  EXPECT_EQ(RoundTrip("a::b(Tensor($0! -> ) x, Tensor($1!) y) -> Tensor"),
+            "a::b(Tensor($0! -> ) x, Tensor($1!) y) -> Tensor");
+  FunctionSchema parsed = ParseSchema("a::b(Tensor($0! -> ) x) -> ()");
+  EXPECT_TRUE(parsed.arguments[0].alias_info->is_write);
+  EXPECT_EQ(parsed.arguments[0].alias_info->before_sets, std::vector<std::string>{"$0"});
+  EXPECT_TRUE(parsed.arguments[0].alias_info->after_sets.empty());
 }
 
 TEST(SchemaParse, TorchScriptTypesParse) {

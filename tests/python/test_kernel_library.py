@@ -213,8 +213,8 @@ def test_the_cpp_all_reduce_picks_one_shot_or_two_shot_by_size_and_world_size(ke
             return calls[0][0]
 
         assert path(16, 2) == "one_shot"
-        assert path((512 << 10) - 4, 2) == "one_shot"
-        assert path(512 << 10, 2) == "two_shot"
+        assert path((2 << 20) - 4, 2) == "one_shot"
+        assert path(2 << 20, 2) == "two_shot"
         assert path((512 << 10) - 4, 4) == "one_shot"
         assert path(512 << 10, 4) == "two_shot"
         assert path((256 << 10) - 4, 8) == "one_shot"

@@ -57,6 +57,7 @@ TORCH_CANNOT_PARSE = {
     r"\bPyObject\b": "torch prints the PyObject type but its parser does not accept it",
     r"\bDevice\??(\([^)]*\))? \w+=[a-z]": "torch prints Device defaults bare (cpu), its parser wants a string",
     r"=-?[0-9.e+-]+[+-][0-9.e+]+j\b": "torch prints complex defaults as 0.+1.j, which its parser rejects",
+    r"\(\$\d+! -> \)": "torch prints a TORCH_LIBRARY op's bare Tensor! as Tensor($0! -> ), which its parser rejects",
 }
 
 

@@ -149,7 +149,9 @@ class Lexer {
       }
     }
     if (c == '"' || c == '\'') return LexString(pos);
-    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+    // '$': the alias sets torch names for a bare `Tensor!` ("$0"), in its printed form.
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_' ||
+        (c == '$' && pos + 1 < n && std::isdigit(static_cast<unsigned char>(s[pos + 1])))) {
       size_t end = pos + 1;
       while (end < n && (std::isalnum(static_cast<unsigned char>(s[end])) || s[end] == '_')) ++end;
       std::string_view word(s + pos, end - pos);
@@ -543,7 +545,8 @@ class SchemaParser {
       parse_sets(info.before_sets);
       if (L.nextIf('!')) info.is_write = true;
       if (L.nextIf(kArrow)) {
-        parse_sets(info.after_sets);
+        // `Tensor($0! -> )`: torch prints a bare `Tensor!` with no after set.
+        if (L.cur().kind != ')') parse_sets(info.after_sets);
       } else {
         info.after_sets = info.before_sets;
       }
