@@ -503,21 +503,32 @@ namespace {
 
 using Storages = c10::SmallVector<const c10::StorageImpl*, 4>;
 
-void AddStorage(const at::Tensor& t, Storages& out) {
-  if (t.defined() && t.has_storage()) out.push_back(t.storage().unsafeGetStorageImpl());
+// The tensor's storage, or null (undefined, or a tensor without one: vmap's
+// batched tensors, wrapper subclasses). Never throws.
+const c10::StorageImpl* StorageOf(const at::Tensor& t) {
+  return t.defined() ? t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() : nullptr;
 }
 
-// The storages of the tensors in a Python leaf: a tensor, a list of them or anything else.
-void AddStorages(PyObject* obj, Storages& out) {
-  if (THPVariable_Check(obj)) return AddStorage(THPVariable_Unpack(obj), out);
+// Calls f with each tensor of a Python leaf: a tensor, a list of them or anything else.
+template <class F>
+void ForEachTensor(PyObject* obj, F&& f) {
+  if (THPVariable_Check(obj)) return f(THPVariable_Unpack(obj));
   if (!PyList_Check(obj) && !PyTuple_Check(obj)) return;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(obj); ++i) {
     PyObject* item = PySequence_Fast_ITEMS(obj)[i];
-    if (THPVariable_Check(item)) AddStorage(THPVariable_Unpack(item), out);
+    if (THPVariable_Check(item)) f(THPVariable_Unpack(item));
   }
 }
 
-bool Contains(const Storages& set, const c10::StorageImpl* s) { return std::find(set.begin(), set.end(), s) != set.end(); }
+void AddStorages(PyObject* obj, Storages& out) {
+  ForEachTensor(obj, [&](const at::Tensor& t) {
+    if (const c10::StorageImpl* s = StorageOf(t)) out.push_back(s);
+  });
+}
+
+bool Contains(const Storages& set, const c10::StorageImpl* s) {
+  return std::find(set.begin(), set.end(), s) != set.end();
+}
 
 }  // namespace
 
@@ -525,6 +536,22 @@ bool Contains(const Storages& set, const c10::StorageImpl* s) { return std::find
 // returned tensor shares storage with an input or with another return.
 PyObject* Boundary::CheckAliases(PyObject* checked, const BodyInputs& inputs) {
   if (checked == nullptr || (inputs.num_slots == 0 && inputs.leaves.empty())) return checked;
+  // The usual op: one tensor back, the fast path's tensor slots in.
+  if (leaf_returns_ && returns_.size() == 1 && inputs.leaves.empty() && !inputs.flat_objects &&
+      mutated_slots_.empty() && THPVariable_CheckExact(checked)) {
+    const c10::StorageImpl* r = StorageOf(THPVariable_Unpack(checked));
+    bool shared = false;
+    for (size_t i = 0; i < inputs.num_slots && !shared && r != nullptr; ++i) {
+      PyObject* slot = inputs.slots[i];
+      if (slot == nullptr || slot == Py_None) continue;
+      if (THPVariable_CheckExact(slot)) {
+        shared = StorageOf(THPVariable_Unpack(slot)) == r;
+      } else {
+        ForEachTensor(slot, [&](const at::Tensor& t) { shared = shared || StorageOf(t) == r; });
+      }
+    }
+    return shared ? FailAlias(checked) : checked;
+  }
   Storages returned;
   if (leaf_returns_) {
     if (returns_.size() == 1) {
@@ -547,34 +574,38 @@ PyObject* Boundary::CheckAliases(PyObject* checked, const BodyInputs& inputs) {
   }
   if (returned.empty()) return checked;
   // Inputs the op declares it writes may come back (ctx.mark_dirty's case).
-  Storages in;
+  bool shared = false;
+  auto visit = [&](const at::Tensor& t) { shared = shared || Contains(returned, StorageOf(t)); };
   auto written_leaf = [&](size_t i) {
     const auto& alias = flat_.arguments()[i].alias_info();
     return alias != nullptr && alias->isWrite();
   };
-  for (size_t i = 0; i < inputs.num_slots; ++i) {
+  for (size_t i = 0; i < inputs.num_slots && !shared; ++i) {
     const bool written = inputs.flat_objects ? written_leaf(i)
                                              : std::find(mutated_slots_.begin(), mutated_slots_.end(),
                                                          static_cast<int>(i)) != mutated_slots_.end();
-    if (inputs.slots[i] != nullptr && !written) AddStorages(inputs.slots[i], in);
+    if (inputs.slots[i] != nullptr && !written) ForEachTensor(inputs.slots[i], visit);
   }
-  for (size_t i = 0; i < inputs.leaves.size(); ++i) {
+  for (size_t i = 0; i < inputs.leaves.size() && !shared; ++i) {
     if (written_leaf(i)) continue;
     const c10::IValue& v = inputs.leaves[i];
     if (v.isTensor()) {
-      AddStorage(v.toTensor(), in);
+      visit(v.toTensor());
     } else if (v.isList()) {
       for (const c10::IValue& item : v.toListRef()) {
-        if (item.isTensor()) AddStorage(item.toTensor(), in);
+        if (item.isTensor()) visit(item.toTensor());
       }
     }
   }
-  bool shared = std::any_of(returned.begin(), returned.end(), [&](const c10::StorageImpl* s) { return Contains(in, s); });
   for (size_t i = 0; !shared && i < returned.size(); ++i) {
     shared = std::find(returned.begin() + static_cast<std::ptrdiff_t>(i) + 1, returned.end(), returned[i]) !=
              returned.end();
   }
-  if (!shared) return checked;
+  return shared ? FailAlias(checked) : checked;
+}
+
+// Releases `checked` and sets the error of a return sharing storage with an input or another return.
+PyObject* Boundary::FailAlias(PyObject* checked) {
   Py_DECREF(checked);
   static const Location kReturnValue{"return value", {}};
   return Fail(PyExc_RuntimeError, op_, kReturnValue, Context::kReturn,

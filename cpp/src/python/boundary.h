@@ -193,6 +193,7 @@ class Boundary {
   PyObject* ConvertChoice(const Node& node, PyObject* item, Context ctx);
   PyObject* ConvertReturnNode(Node& node, PyObject* obj);
   PyObject* CheckAliases(PyObject* checked, const BodyInputs& inputs);
+  PyObject* FailAlias(PyObject* checked);
   // The flat leaves of converted values, borrowed from them or from `owned`
   // (new references: enum values, handles). False with an error set.
   bool FlattenLeaves(PyObject* const* converted, PyObject** leaves, Owned& owned);
