@@ -571,6 +571,14 @@ class Builder:
                                f"{self.const('table', table)})")
                     w.line(f"_convert({self.original_call_args([self.var(p) for p in self.params])})  # raises")
             exprs = self.emit_flatten(w)
+            checks = tuple(self.boundary.leaf_checks())
+            if any(c is not None for c in checks):
+                # Torch checks these values again when the flat op runs on fake
+                # tensors, with its own message: the boundary's comes first.
+                values = "".join(f"{e}, " for e, c in zip(exprs, checks) if c is not None)
+                table = tuple((self.op_name, *c) for c in checks if c is not None)
+                w.line(f"if _compiling(): {self.const('leaves', _check_traced_leaves)}(({values}), "
+                       f"{self.const('checks', table)})")
             w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
         return w.text()
 
@@ -746,6 +754,57 @@ def _make_struct_normalizer(op: str, param: Param):
         return dataclasses.replace(obj, **changes) if changes else obj
 
     return lambda obj: normalize(obj, param.type)
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _describe(value) -> str:
+    """A value as the boundary's messages show it: 'float 1.5', "str 'a'", 'None'."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return name if text == name else f"{name} {text}"
+
+
+def _bad_leaf(kind: str, value) -> bool:
+    """Whether `value` is one the boundary refuses for a leaf of `kind`; only
+    clear cases (what torch's conversion would take is left to it)."""
+    if kind == "tensor":
+        return not isinstance(value, torch.Tensor)
+    if kind == "int":
+        return isinstance(value, (float, str, list, tuple))
+    if kind == "float" or kind == "bool":
+        return isinstance(value, (str, list, tuple))
+    if kind == "str":
+        return not isinstance(value, str)
+    element = kind[5:]  # "list:int"
+    if not isinstance(value, (list, tuple)):
+        return isinstance(value, str) or element == "tensor"
+    return any(item is None or _bad_leaf(element, item) or _past_int64(element, item) for item in value)
+
+
+def _past_int64(kind: str, value) -> bool:
+    return kind == "int" and type(value) is int and not _INT64[0] <= value <= _INT64[1]
+
+
+def _check_traced_leaves(values: tuple, table: tuple) -> None:
+    """Raises the boundary's error for a flat leaf value it refuses, where
+    torch.compile traces the op (it cannot call into the boundary there)."""
+    for value, (op, kind, where, expected, none_ok) in zip(values, table):
+        if value is None:
+            if none_ok:
+                continue
+        elif _past_int64(kind, value):
+            raise OverflowError(f"{op}: {where}: {_describe(value)} is outside the range of torch's int (64-bit: "
+                                f"-2**63 to 2**63-1). Pass a value in that range, or a float or Tensor parameter "
+                                f"for larger values.")
+        elif not _bad_leaf(kind, value):
+            continue
+        raise TypeError(f"{op}: {where}: expected {expected}, got {_describe(value)}. Pass {expected}.")
 
 
 def _raise_none_error(values: tuple, table: tuple) -> None:

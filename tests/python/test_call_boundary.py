@@ -407,3 +407,39 @@ def test_an_int_past_64_bits_says_so(ns, value):
     assert outcome(shift, torch.ones(1), 2**63 - 1, [1])[0] == "ok"
     kind, message = outcome(shift, torch.ones(1), 1, [1, value])
     assert kind is TypeError and message.startswith(f"{ns}::shift: parameter 'ns_'")
+
+
+@dataclass(frozen=True)
+class Scaled:
+    scale: float
+    n: int = 1
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    (("a", 1), (TypeError, "parameter 'x': expected a Tensor, got str 'a'. Pass a Tensor.")),
+    ((None, 1), (TypeError, "parameter 'x': expected a Tensor, got None. Pass a Tensor.")),
+    ((1.0, 1), (TypeError, "parameter 'x': expected a Tensor, got float 1.0. Pass a Tensor.")),
+    (("T", 1.5), (TypeError, "parameter 'k': expected an int, got float 1.5. Pass an int.")),
+    (("T", 2**64), (OverflowError, "parameter 'k': int 18446744073709551616 is outside the range of torch's int")),
+    (("T", 1, Scaled("a")), (TypeError, "parameter 'cfg', field Scaled.scale: expected a float, got str 'a'.")),
+    (("T", 1, None, [1, 1.5]), (TypeError, "parameter 'ls': expected a list of int, got list [1, 1.5].")),
+    (("T", 1, None, [1], 3), (TypeError, "parameter 's': expected a str, got int 3. Pass a str.")),
+], ids=["str_tensor", "none_tensor", "float_tensor", "float_int", "int_past_64_bits", "field", "list_item", "int_str"])
+def test_a_bad_leaf_value_is_the_boundarys_error_compiled_as_eager(ns, args, error):
+    @opforge.op(f"{ns}::leafy", fake=lambda x, k, cfg=None, ls=(1,), s="a": torch.empty_like(x))
+    def leafy(x: Tensor, k: int, cfg: Optional[Scaled] = None, ls: list[int] = (1,), s: str = "a") -> Tensor:
+        return x * k
+
+    args = tuple(torch.ones(2) if a == "T" else a for a in args)
+    kind, text = error
+    eager = outcome(leafy, *args)
+    assert eager[0] is kind and eager[1].startswith(f"{ns}::leafy: {text}"), eager
+    torch._dynamo.reset()
+    assert outcome(torch.compile(leafy, backend="eager"), *args) == eager
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:  # Dynamo's report that the traced call raised it
+        torch.compile(leafy, backend="eager", fullgraph=True)(*args)
+    assert f"{ns}::leafy: {text}" in str(info.value)
+    torch._dynamo.reset()
+    good = torch.compile(leafy, backend="eager", fullgraph=True)(torch.ones(2), 3, Scaled(2.0), [1, 2], "b")
+    assert torch.equal(good, torch.full((2,), 3.0))

@@ -50,18 +50,10 @@ SAME = "same"  # the eager type, with the eager message in the compiled one
 TRACED_KERNEL = "traced kernel"
 TORCH_RUNTIME_ERROR = "torch._dynamo.exc.TorchRuntimeError"
 
-# The inconsistency found (see the reasons): under torch.compile the
-# boundary's checks of a flat leaf's value (a tensor, an int, a float, a list,
-# in a struct or not) do not run while tracing, unlike those of what Dynamo
-# sees as a struct's class, a None in an Optional struct's required field, or
-# an enum value (docs/python_ops.md, "The call boundary"). Dynamo's fake run of
-# the flat op meets torch's schema check instead and reports its message as a
-# TorchRuntimeError; a None for a Tensor passes torch's check and reaches the
-# kernel as an undefined tensor.
-SCHEMA_CHECK = ("under torch.compile the boundary's {what} check does not run: the eager {eager} with the boundary's "
-                "message is Dynamo's TorchRuntimeError quoting torch's schema check ('Expected a value of type ...')")
-NONE_TENSOR = ("under torch.compile a None for a Tensor is not checked: torch hands the kernel an undefined tensor, "
-               "and for the eager TypeError the compiled call raises {compiled}")
+# Under torch.compile the boundary's checks of flat leaf values (a tensor, an
+# int, a float, a list, in a struct or not) run while Dynamo traces the op, in
+# Python, before torch's own schema check of the flat op could answer with its
+# message; with fullgraph=False the user gets the eager error itself.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +66,6 @@ class Case:
     by_kernel: bool = False  # the error is the kernel's, so torch.ops raises it too
     compiled: str = SAME
     traced: bool = True  # a good call's op is in the compiled graph
-    xfail_compiled: str | None = None  # the compiled path's known inconsistency
 
     def spec(self) -> dict:
         return {"id": self.id, "op": self.op, "args": self.args, "flat": self.flat}
@@ -111,45 +102,34 @@ CORPUS = [
          "out, x, SimpleNamespace(size=2, scale=0.5, mode=Mode.kAdd)", flat="out, x, True, 2, 0.5, 0"),
     # A wrong type, None or an out-of-range value for a leaf.
     Case("throws: str for a tensor", "M.throws", "'a', 9", flat="'a', 9",
-         error=("TypeError", THROWS + ": parameter 'x': expected a Tensor, got str 'a'. Pass a Tensor."),
-         xfail_compiled=SCHEMA_CHECK.format(what="Tensor", eager="TypeError")),
+         error=("TypeError", THROWS + ": parameter 'x': expected a Tensor, got str 'a'. Pass a Tensor.")),
     # torch.ops hands a kernel None for a Tensor (docs/python_ops.md, "The
     # call boundary"): the flat call's error is then the kernel's.
     Case("throws: None for a tensor", "M.throws", "None, 9", flat="None, 9",
-         error=("TypeError", THROWS + ": parameter 'x': expected a Tensor, got None. Pass a Tensor."),
-         xfail_compiled=NONE_TENSOR.format(compiled="TorchRuntimeError: the kernel returned an undefined tensor")),
+         error=("TypeError", THROWS + ": parameter 'x': expected a Tensor, got None. Pass a Tensor.")),
     Case("rms_norm_fn: None for a tensor", "K.rms_norm_fn", "x, None, NormCfg()", flat="x, None, 1e-6, False",
-         error=("TypeError", "kernels::rms_norm_fn: parameter 'weight': expected a Tensor, got None. Pass a Tensor."),
-         xfail_compiled=NONE_TENSOR.format(compiled="the kernel's own RuntimeError at run time (C++ API mode), or "
-                                                    "TorchRuntimeError 'is an undefined tensor' (stable mode)")),
+         error=("TypeError", "kernels::rms_norm_fn: parameter 'weight': expected a Tensor, got None. Pass a Tensor.")),
     Case("throws: float for an int", "M.throws", "x, 1.5", flat="x, 1.5",
-         error=("TypeError", THROWS + ": parameter 'kind': expected an int, got float 1.5. Pass an int."),
-         xfail_compiled=SCHEMA_CHECK.format(what="int", eager="TypeError")),
+         error=("TypeError", THROWS + ": parameter 'kind': expected an int, got float 1.5. Pass an int.")),
     Case("throws: int past 64 bits", "M.throws", "x, 2**64", flat="x, 2**64",
-         error=("OverflowError", THROWS + ": parameter 'kind': int 18446744073709551616 " + RANGE),
-         xfail_compiled=SCHEMA_CHECK.format(what="int range", eager="OverflowError")),
+         error=("OverflowError", THROWS + ": parameter 'kind': int 18446744073709551616 " + RANGE)),
     Case("two_shot_min_bytes: int below 64 bits", "K.all_reduce_two_shot_min_bytes", "-2**63 - 1", flat="-2**63 - 1",
          error=("OverflowError", "kernels::all_reduce_two_shot_min_bytes: parameter 'world_size': int "
-                "-9223372036854775809 " + RANGE),
-         xfail_compiled=SCHEMA_CHECK.format(what="int range", eager="OverflowError")),
+                "-9223372036854775809 " + RANGE)),
     Case("scale_rows: float in an int list", "K.scale_rows", "out, x, table, [0, 1.5]", flat="out, x, table, [0, 1.5]",
          error=("TypeError", "kernels::scale_rows: parameter 'rows': expected a list of int, got list [0, 1.5]. Pass "
-                "a list of int."),
-         xfail_compiled=SCHEMA_CHECK.format(what="int[]", eager="TypeError")),
+                "a list of int.")),
     Case("scale_rows: str for an optional float", "K.scale_rows", "out, x, table, [0, 0], clamp='a'",
          flat="out, x, table, [0, 0], clamp='a'",
          error=("TypeError", "kernels::scale_rows: parameter 'clamp': expected a float or None, got str 'a'. Pass a "
-                "float or None."),
-         xfail_compiled=SCHEMA_CHECK.format(what="float?", eager="TypeError")),
+                "float or None.")),
     Case("scale_rows: float for a handle", "K.scale_rows", "out, x, 1.5, [0, 0]", flat="out, x, 1.5, [0, 0]",
-         error=("TypeError", "kernels::scale_rows: parameter 'table': expected an int, got float 1.5. Pass an int."),
-         xfail_compiled=SCHEMA_CHECK.format(what="handle", eager="TypeError")),
+         error=("TypeError", "kernels::scale_rows: parameter 'table': expected an int, got float 1.5. Pass an int.")),
     # Structs.
     Case("rms_norm: str for a struct's float", "K.rms_norm", "out, x, w, NormCfg(eps='a')",
          flat="out, x, w, 'a', False",
          error=("TypeError", "kernels::rms_norm: parameter 'cfg', field kernels.NormCfg.eps: expected a float, got "
-                "str 'a'. Pass a float."),
-         xfail_compiled=SCHEMA_CHECK.format(what="struct field's float", eager="TypeError")),
+                "str 'a'. Pass a float.")),
     Case("rms_norm: None for a struct", "K.rms_norm", "out, x, w, None",
          error=("TypeError", "kernels::rms_norm: parameter 'cfg': expected a kernels.NormCfg, got None. Pass a "
                 "kernels.NormCfg.")),
@@ -161,8 +141,7 @@ CORPUS = [
          error=("TypeError", WINDOW + ".size: expected an int, got None. Pass an int.")),
     Case("window: float for an int field of an optional struct", "D.window", "out, x, Window(size=1.5)",
          flat="out, x, True, 1.5, 1.0, 1",
-         error=("TypeError", WINDOW + ".size: expected an int, got float 1.5. Pass an int."),
-         xfail_compiled=SCHEMA_CHECK.format(what="struct field's int", eager="TypeError")),
+         error=("TypeError", WINDOW + ".size: expected an int, got float 1.5. Pass an int.")),
     # Enum values that are not the enum's (torch.ops takes any int for one:
     # the check is opforge's own, so there is no flat call to compare).
     Case("act_and_mul: enum value not allowed", "K.act_and_mul", "half, x, ActCfg(act=7)",
@@ -353,7 +332,7 @@ def outcomes():
     return get
 
 
-def params(select=lambda case: True, xfail_compiled=False) -> list:
+def params(select=lambda case: True) -> list:
     out = []
     for mode in MODE_NAMES:
         for case in filter(select, CORPUS):
@@ -361,8 +340,6 @@ def params(select=lambda case: True, xfail_compiled=False) -> list:
             if mode == "stable" and not STABLE_BUILDS:
                 marks.append(pytest.mark.skip(reason=f"needs torch 2.10 (this is {torch.__version__}): a stable-ABI "
                                                      f"library"))
-            if xfail_compiled and case.xfail_compiled:
-                marks.append(pytest.mark.xfail(strict=True, reason=case.xfail_compiled))
             out.append(pytest.param(mode, case, id=f"{mode}-{re.sub(r'[^A-Za-z0-9]+', '_', case.id)}", marks=marks))
     return out
 
@@ -391,7 +368,7 @@ def test_the_fast_path_and_the_dispatcher_give_the_same_outcome(outcomes, mode, 
     assert got["dispatcher"] == got["fast"]
 
 
-@pytest.mark.parametrize("mode, case", params(xfail_compiled=True))
+@pytest.mark.parametrize("mode, case", params())
 def test_a_compiled_call_gives_the_eager_outcome(outcomes, mode, case):
     got = outcomes(mode, case)
     fast, compiled = got["fast"], got["compiled"]

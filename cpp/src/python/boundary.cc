@@ -633,6 +633,43 @@ std::string Boundary::NoneError(size_t param, const std::vector<std::string>& fi
   return py::str(error.value()).cast<std::string>();
 }
 
+namespace {
+
+const char* CheckedKind(const LeafRule& rule) {
+  switch (rule.kind) {
+    case LeafRule::Kind::kTensor: return "tensor";
+    case LeafRule::Kind::kInt: return "int";
+    case LeafRule::Kind::kFloat: return "float";
+    case LeafRule::Kind::kBool: return "bool";
+    case LeafRule::Kind::kStr: return "str";
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+py::list Boundary::LeafChecks() const {
+  py::list out;
+  for (size_t i = 0; i < flat_.arguments().size(); ++i) out.append(py::none());
+  auto walk = [&](const Node& node, auto& self) -> void {
+    for (const Node& child : node.children) self(child, self);
+    if (node.kind != Node::Kind::kLeaf || node.leaf_index < 0) return;
+    std::string kind;
+    if (node.rule.kind == LeafRule::Kind::kList && node.rule.element && !node.rule.element->optional) {
+      if (const char* element = CheckedKind(*node.rule.element)) kind = std::string("list:") + element;
+    } else if (const char* k = CheckedKind(node.rule)) {
+      kind = k;
+    }
+    if (kind.empty()) return;
+    const auto index = static_cast<size_t>(node.leaf_index);
+    const bool none_ok = flat_.arguments()[index].type()->kind() == c10::TypeKind::OptionalType;
+    out[index] = py::make_tuple(kind, node.where.Text(), node.rule.expected + (node.optional ? " or None" : ""),
+                                none_ok);
+  };
+  for (const Node& param : params_) walk(param, walk);
+  return out;
+}
+
 // --- the dispatcher path -----------------------------------------------------
 
 bool Boundary::FlattenArgument(const Node& node, PyObject* value, PyObject** leaves, Owned& owned) {
@@ -834,6 +871,8 @@ void InitBoundary(py::module_& m) {
            py::arg("value"), py::arg("inputs") = py::tuple(),
            "The body's return value checked and converted against the schema's returns; with the flat `inputs`, "
            "a returned tensor sharing storage with one of them is refused.")
+      .def("leaf_checks", &Boundary::LeafChecks,
+           "Per flat argument: None, or (kind, where, expected, None accepted) for the traced path's value check.")
       .def("none_error", &Boundary::NoneError, py::arg("param"), py::arg("fields"),
            "The message converting None at a parameter's field path raises, or '' where None is accepted.")
       .def("flat_defaults", &Boundary::FlatDefaults,

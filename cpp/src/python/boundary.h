@@ -180,6 +180,11 @@ class Boundary {
   // gives ("" where None is accepted): for the traced path, which cannot
   // call into C++ to raise it.
   std::string NoneError(size_t param, const std::vector<std::string>& fields);
+
+  // Per flat argument, for the traced path's check of leaf values: None, or
+  // (kind, where, expected, None accepted) for a plain leaf of a kind the
+  // traced path checks ("tensor", "int", "float", "bool", "str", "list:<kind>").
+  pybind11::list LeafChecks() const;
   pybind11::list FlatDefaults();
   void CheckDefaults();
 
