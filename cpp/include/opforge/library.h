@@ -177,12 +177,8 @@ struct StructKernel<R, TypeList<Args...>, TypeList<FlatArgs...>> {
         return out;  // NRVO, or the reference a Tensor(a!) return is
       }
     }
-  } catch (const ParamError& e) {
-    ThrowInParam(name, e);
-  } catch (const std::exception&) {
-    throw;
   } catch (...) {
-    ThrowForeign(name.op, name.what.c_str());
+    Rethrow(name);
   }
 
   FnPtr fn;

@@ -42,14 +42,6 @@ struct KernelName {
   std::vector<std::string> params;  // the schema's parameter names, when the block defines the op
 };
 
-// A kernel's ParamError, as an error naming the op and the parameter:
-// "ext::run: the CPU kernel, parameter 'runner': handle 5: is not an opforge handle. ..."
-[[noreturn]] inline void ThrowInParam(const KernelName& name, const ParamError& e) {
-  const std::string param =
-      e.index < name.params.size() ? "'" + name.params[e.index] + "'" : std::to_string(e.index + 1);
-  throw std::runtime_error(name.op + ": " + name.what + ", parameter " + param + ": " + e.what());
-}
-
 // A backend's error for the C surface: a message it frees.
 inline char* Message(const std::string& text) { return strdup(text.c_str()); }
 
@@ -75,22 +67,36 @@ char* Catch(F&& f, const char* who, std::string (*describe)(const std::exception
   }
 }
 
-// What a kernel (or a backward) threw that is not a std::exception, thrown
-// again as a std::runtime_error naming the op and `what` ("the CPU kernel").
-[[noreturn]] inline void ThrowForeign(const std::string& op, const char* what) {
-  throw std::runtime_error(Foreign(op + ": " + what));
+// What a kernel (or a backward, a setup_context) threw, thrown on to torch;
+// call it inside a catch block. A std::exception goes on as it is, but for
+// a ParamError (reading parameter `index` failed: a stale handle, a missing
+// field), which names the op, `what` ("the CPU kernel") and the parameter
+// (its name from `params` where known); anything else becomes a
+// std::runtime_error naming the op and `what`:
+//   "ext::run: the CPU kernel, parameter 'runner': handle 5: is not an opforge handle. ..."
+[[noreturn]] inline void Rethrow(const std::string& op, const char* what,
+                                 const std::vector<std::string>* params = nullptr) {
+  try {
+    throw;
+  } catch (const ParamError& e) {
+    const std::string param = params != nullptr && e.index < params->size() ? "'" + (*params)[e.index] + "'"
+                                                                            : std::to_string(e.index + 1);
+    throw std::runtime_error(op + ": " + what + ", parameter " + param + ": " + e.what());
+  } catch (const std::exception&) {
+    throw;
+  } catch (...) {
+    throw std::runtime_error(Foreign(op + ": " + what));
+  }
 }
+[[noreturn]] inline void Rethrow(const KernelName& name) { Rethrow(name.op, name.what.c_str(), &name.params); }
 
-// Runs `f` for torch, turning what it throws that is not a std::exception
-// into one (ThrowForeign).
+// Runs `f` for torch, what it throws passed through Rethrow.
 template <class F>
 decltype(auto) Guard(const std::string& op, const char* what, F&& f) {
   try {
     return f();
-  } catch (const std::exception&) {
-    throw;
   } catch (...) {
-    ThrowForeign(op, what);
+    Rethrow(op, what);
   }
 }
 

@@ -71,7 +71,7 @@ inline std::string DottedName(const char* cpp_name) {
 
 // What reading parameter `index` of a kernel threw (a stale handle, a missing
 // field of a present struct), for the kernel's adapter to name the op and
-// the parameter (ThrowInParam).
+// the parameter (Rethrow).
 struct ParamError : std::runtime_error {
   ParamError(size_t index, const std::string& what) : std::runtime_error(what), index(index) {}
   size_t index;

@@ -39,15 +39,9 @@ struct Invoker {
                                " arguments and " + std::to_string(num_outputs) + " returns, the kernel's flat "
                                "signature " + std::to_string(kArgs) + " and " + std::to_string(ResultCount<R>()) + ".");
     }
-    Guard(slot.name->op, slot.name->what.c_str(), [&] {
+    try {
       Reader<StableSlots, StableIValue*> r{stack};
-      auto args = [&] {
-        try {
-          return ReadParams<Args...>(r);
-        } catch (const ParamError& e) {
-          ThrowInParam(*slot.name, e);
-        }
-      }();
+      auto args = ReadParams<Args...>(r);
       auto f = reinterpret_cast<R (*)(Args...)>(slot.fn);
       if constexpr (std::is_void_v<R>) {
         std::apply(f, args);
@@ -56,7 +50,9 @@ struct Invoker {
         CheckReturned(out, *slot.name);
         WriteResults<StableSlots>(stack, std::move(out));
       }
-    });
+    } catch (...) {
+      Rethrow(*slot.name);
+    }
   }
 };
 
