@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "opforge/detail/nodes.h"
@@ -258,7 +259,8 @@ class LibraryApi {
       plan_.Fail(ns() + "::" + name + ": a " + key + " kernel is given twice. Give one kernel per op and key.");
       return;
     }
-    void* kernel = Mode::MakeKernel(backend_, fn, KernelName{ns() + "::" + name, "the " + key + " kernel", plan_.ParamNames(name)});
+    KernelName kernel_name{ns() + "::" + name, "the " + key + " kernel", plan_.ParamNames(name)};
+    void* kernel = Mode::MakeKernel(backend_, fn, std::move(kernel_name));
     plan_.AddKernel(name, key, kernel, KernelSignature<R, Args...>());
   }
 
