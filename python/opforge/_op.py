@@ -15,6 +15,7 @@ leaves nothing behind.
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import sys
 import threading
@@ -223,6 +224,17 @@ def op(
     return decorate
 
 
+def _one_at_a_time(fn):
+    """Runs `fn` holding _DEFINING."""
+    @functools.wraps(fn)
+    def locked(*args, **kwargs):
+        with _DEFINING:
+            return fn(*args, **kwargs)
+
+    return locked
+
+
+@_one_at_a_time
 def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward=None, device_types=None,
            tags=(), symm_mem_args=(), triton="auto", extra_triton_kernels=(), _caller=None,
            _default_fake=None) -> OpDef:
@@ -230,15 +242,6 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
     registrations; a failure anywhere undoes what was done. `_default_fake`
     (for front ends such as compat.magi) makes the fake of an op that is
     neither given one nor a Triton op, and may raise to reject the op."""
-    with _DEFINING:
-        return _define(name, fn, mutates_args=mutates_args, fake=fake, setup_context=setup_context,
-                       backward=backward, device_types=device_types, tags=tags, symm_mem_args=symm_mem_args,
-                       triton=triton, extra_triton_kernels=extra_triton_kernels, _caller=_caller,
-                       _default_fake=_default_fake)
-
-
-def _define(name, fn, *, mutates_args, fake, setup_context, backward, device_types, tags, symm_mem_args, triton,
-            extra_triton_kernels, _caller, _default_fake) -> OpDef:
     mutates_args, devices, tag_list = _check_arguments(name, fn, mutates_args, fake, setup_context, backward,
                                                        device_types, tags)
     regs = Registrations()
