@@ -322,33 +322,17 @@ def time_python(a: Callable[[], None], b: Callable[[], None], cuda: bool, target
     return out_a, out_b
 
 
-# A C++ caller holding std::optional<at::Tensor> for a `Tensor?` of a
-# TORCH_LIBRARY op whose kernel takes it by value cannot call the opforge
-# drop-in with that signature (see `notes`); this spelling works there.
-TYPED_FALLBACK = "typed_const_optional"
-
-
-def time_cpp(row: Row, op: str, t: list, head_size: int, target_s: float, samples: int, notes: set):
+def time_cpp(row: Row, op: str, t: list, head_size: int, target_s: float, samples: int):
     time_pair = torch.ops.vllm_style_timing.time_pair
 
     def side(how, lib):
         return f"{how}:{NAMESPACES[lib]}"
 
-    first, second = side(*row.first), side(*row.second)
-    try:
-        out = time_pair(op, first, second, t, head_size, target_s * 1e6, samples)
-    except RuntimeError as e:
-        if row.first[0] != "typed" or "wrong signature" not in str(e):
-            raise
-        notes.add(f"{NAMESPACES[row.first[1]]}::{op}: torch's typed handle with the kernel's own signature "
-                  f"fails ({str(e).strip().splitlines()[0]} ...); its row calls it with the signature the "
-                  f"library registered (a `const std::optional<at::Tensor>&` key).")
-        first = side(TYPED_FALLBACK, row.first[1])
-        out = time_pair(op, first, second, t, head_size, target_s * 1e6, samples)
+    out = time_pair(op, side(*row.first), side(*row.second), t, head_size, target_s * 1e6, samples)
     return out[:samples], out[samples:]
 
 
-def measure(device: str, ops, sizes, target_s: float, samples: int, notes: set):
+def measure(device: str, ops, sizes, target_s: float, samples: int):
     """{(row label, op, size): Cell}"""
     cells = {}
     cuda = device == "cuda"
@@ -365,7 +349,7 @@ def measure(device: str, ops, sizes, target_s: float, samples: int, notes: set):
                     b = caller(*row.second, op, t, head_size)
                     first_ns, second_ns = time_python(a, b, cuda, target_s, samples)
                 else:
-                    first_ns, second_ns = time_cpp(row, op, t, head_size, target_s, samples, notes)
+                    first_ns, second_ns = time_cpp(row, op, t, head_size, target_s, samples)
                 cells[(row.label, op, size)] = summarize(first_ns, second_ns)
     return cells
 
@@ -422,14 +406,11 @@ def main(argv=None) -> int:
         print("CUDA rows: not measured (no GPU, or torch or this build without CUDA)")
     for device in devices:
         print(check_equal(device))
-    notes: set[str] = set()
     for device in devices:
         print()
         with torch.inference_mode(args.inference_mode):
-            cells = measure(device, ops, sizes, target_s, samples, notes)
+            cells = measure(device, ops, sizes, target_s, samples)
             print(render(device, cells, ops, sizes, samples, target_s))
-    for note in sorted(notes):
-        print(f"\nNote: {note}")
     return 0
 
 

@@ -581,8 +581,8 @@ TEST_F(BackwardTest, WithoutGradModeTheKernelRunsWithoutANode) {
 }
 
 TEST_F(BackwardTest, TupleOutputsAndTensorListParametersGetGradients) {
-  using Sig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, int64_t, at::TensorList);
-  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_grad_test::pair", "").typed<Sig>();
+  // The op records its kernel's own signature (a Tensor[] as const std::vector<at::Tensor>&), as TORCH_LIBRARY would.
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_grad_test::pair", "").typed<decltype(Pair)>();
   at::Tensor x = at::tensor({2.0}).requires_grad_();
   at::Tensor y1 = at::tensor({1.0}).requires_grad_();
   at::Tensor y2 = at::tensor({1.0}).requires_grad_();

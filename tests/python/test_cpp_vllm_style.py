@@ -90,3 +90,56 @@ def test_the_same_op_registered_with_torch_library_leaves_the_version_alone(buil
     torch.ops.vllm_style_torch.rms_norm(out, x, w, 1e-6)
     torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-6))
     assert out._version == before
+
+
+def test_cpp_callers_call_an_op_with_its_kernels_own_signature(mode, built):
+    # vLLM's C++ calls its ops with typed<decltype(kernel)>() (docs/cpp_ops.md#typed-calls): the
+    # C++ API build records the kernels' own signature, as TORCH_LIBRARY does; a stable op records none.
+    load(built, "unstable")
+    ns = f"vllm_style_{mode}"
+    typed = torch.ops.vllm_style_typed
+    x, w = torch.randn(3, 8), torch.randn(8)
+    out = torch.empty_like(x)
+    typed.rms_norm(ns, out, x, w, 1e-6)
+    torch.testing.assert_close(out, rms_norm_ref(x, w, 1e-6))
+    bias = torch.randn(3, 8)
+    for b, want in [(bias, x + bias), (None, x)]:
+        out = torch.empty_like(x)
+        typed.add_bias(ns, out, x, b)
+        torch.testing.assert_close(out, want)
+        out = torch.empty_like(x)
+        getattr(torch.ops, ns).add_bias(out, x, b)  # and through the dispatcher's boxed path
+        torch.testing.assert_close(out, want)
+    assert typed.numel_times(ns, torch.ones(2, 3), 4) == 24
+    out = torch.empty_like(x)
+    if mode == "stable":
+        typed.add_bias_flat(ns, out, x, bias)  # boxed kernels: any signature is converted
+        torch.testing.assert_close(out, x + bias)
+    else:
+        # What TORCH_LIBRARY answers for a signature that is not the kernel's.
+        for lib in (ns, "vllm_style_torch"):
+            with pytest.raises(RuntimeError, match="Tried to access or call an operator with a wrong signature"):
+                typed.add_bias_flat(lib, out, x, bias)
+
+
+def test_kernels_that_disagree_on_a_signature_register_the_flat_one(built):
+    load(built, "unstable")
+    x = torch.randn(5)
+    torch.testing.assert_close(torch.ops.vllm_style_signatures.twice(x), x * 2)
+    assert torch.ops.vllm_style_signatures.twice(x.to("meta")).shape == (5,)
+    torch.testing.assert_close(torch.ops.vllm_style_typed.twice_flat(x), x * 2)
+    with pytest.raises(RuntimeError, match="wrong signature"):
+        torch.ops.vllm_style_typed.twice_own(x)
+
+
+def test_a_cpp_backward_follows_the_kernels_own_signature(built):
+    load(built, "unstable")
+    x = torch.randn(4, requires_grad=True)
+    y = torch.ops.vllm_style_typed.square_own(x)
+    torch.testing.assert_close(y, x * x)
+    z = opforge.ops.vllm_style_signatures.square(x)
+    z.sum().backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach())
+    x.grad = None
+    torch.ops.vllm_style_signatures.square(x).sum().backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach())

@@ -4,8 +4,6 @@
 //
 //   typed        torch's typed handle with the kernel's own signature
 //                (findSchemaOrThrow(...).typed<decltype(rms_norm)>().call(...))
-//   typed_const_optional  the same with `const std::optional<at::Tensor>&` for
-//                rotary_embedding's key (the kernel takes it by value)
 //   boxed        the op's flat arguments on an IValue stack (callBoxed)
 //   call         opforge::OpRef with the flat arguments
 //   call_struct  opforge::OpRef with the struct arguments (NormCfg, RopeCfg)
@@ -79,7 +77,7 @@ std::function<void()> MakeCall(const std::string& op, const std::string& how, co
     if (structs) return [ref, &t, key, head_size] { ref->call(t[0], t[1], key, t[3], RopeCfg{head_size, true}); };
     return [ref, &t, key, head_size] { ref->call(t[0], t[1], key, head_size, t[3], true); };
   }
-  TORCH_CHECK(how == "typed" || how == "typed_const_optional", "time_pair: unknown way of calling '", how, "'");
+  TORCH_CHECK(how == "typed", "time_pair: unknown way of calling '", how, "'");
   if (op == "rms_norm") {
     auto h = Typed<decltype(vllm_style::rms_norm)>(name);
     return [h, &t] { h.call(t[0], t[1], t[2], kEpsilon); };
@@ -93,11 +91,6 @@ std::function<void()> MakeCall(const std::string& op, const std::string& how, co
     return [h, &t] { h.call(t[0], t[1]); };
   }
   const std::optional<at::Tensor> key = t[2];
-  if (how == "typed_const_optional") {
-    using Sig = void(at::Tensor&, at::Tensor&, const std::optional<at::Tensor>&, int64_t, at::Tensor&, bool);
-    auto h = Typed<Sig>(name);
-    return [h, &t, key, head_size] { h.call(t[0], t[1], key, head_size, t[3], true); };
-  }
   auto h = Typed<decltype(vllm_style::rotary_embedding)>(name);
   return [h, &t, key, head_size] { h.call(t[0], t[1], key, head_size, t[3], true); };
 }

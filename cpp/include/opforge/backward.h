@@ -46,14 +46,15 @@
 namespace opforge {
 namespace detail {
 
-// Flat arguments as autograd sees them.
+// Flat arguments as autograd sees them (a kernel's own signature may take a
+// Tensor[] as std::vector<at::Tensor>).
 template <class F>
 constexpr char TensorsIn() {
   using T = std::decay_t<F>;
   if constexpr (std::is_same_v<T, at::Tensor>) {
     return kOneTensor;
   } else if constexpr (std::is_same_v<T, std::optional<at::Tensor>> || std::is_same_v<T, at::TensorList> ||
-                       std::is_same_v<T, std::optional<at::TensorList>>) {
+                       std::is_same_v<T, std::vector<at::Tensor>> || std::is_same_v<T, std::optional<at::TensorList>>) {
     return kSomeTensors;
   } else {
     return kNoTensor;
@@ -68,7 +69,7 @@ void ForEachTensorOf(const F& v, Fn&& f) {
     f(v);
   } else if constexpr (std::is_same_v<T, std::optional<at::Tensor>>) {
     if (v.has_value()) f(*v);
-  } else if constexpr (std::is_same_v<T, at::TensorList>) {
+  } else if constexpr (std::is_same_v<T, at::TensorList> || std::is_same_v<T, std::vector<at::Tensor>>) {
     for (const auto& t : v) f(t);
   } else if constexpr (std::is_same_v<T, std::optional<at::TensorList>>) {
     if (v.has_value()) {
@@ -158,16 +159,26 @@ template <class G, class R, class... Args>
 struct AutogradRegistrar<G, R(Args...)> {
   static_assert(CheckAutogradClass<G, R>::kOk);
   using Kernel = AutogradKernel<G, R, TypeList<Args...>, typename Concat<typename ParamFlat<Args>::type...>::type>;
+  using OwnKernel = AutogradKernel<G, R, TypeList<Args...>, TypeList<Args...>>;
 
+  // Takes the C++ signature the op's kernels recorded: the kernel's own
+  // (opforge/library.h, kOwnSignature) or opforge's flat one.
   static void Register(torch::Library& lib, const std::string& qualified) {
-    auto* op = new AutogradOp();  // never freed: see AutogradOp
-    PrepareAutogradOp(qualified, sizeof...(Args), *op);
-    op->backward = &Kernel::Backward;
-    auto handle = c10::Dispatcher::singleton()
-                      .findSchemaOrThrow(qualified.c_str(), "")
-                      .template typed<typename Kernel::Signature>();
+    const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(qualified.c_str(), "");
+    if constexpr (kOwnSignature<R, Args...>) {
+      if (!Fits<typename Kernel::Signature>(op)) return RegisterAs<OwnKernel>(lib, qualified, op);
+    }
+    RegisterAs<Kernel>(lib, qualified, op);
+  }
+
+  template <class K>
+  static void RegisterAs(torch::Library& lib, const std::string& qualified, const c10::OperatorHandle& op) {
+    auto* autograd_op = new AutogradOp();  // never freed: see AutogradOp
+    PrepareAutogradOp(qualified, sizeof...(Args), *autograd_op);
+    autograd_op->backward = &K::Backward;
+    auto handle = op.typed<typename K::Signature>();
     for (c10::DispatchKey key : AutogradRuntimeKeys()) {
-      lib.impl(qualified.c_str(), torch::dispatch(key, Kernel{op, handle}));
+      lib.impl(qualified.c_str(), torch::dispatch(key, K{autograd_op, handle}));
     }
   }
 };

@@ -29,11 +29,13 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -136,6 +138,30 @@ struct ParamFlat<at::Tensor&> {
   using type = TypeList<at::Tensor&>;
 };
 
+// The types TORCH_LIBRARY unboxes a schema argument into as a kernel names
+// them: a kernel whose every parameter is one of these, by value or const
+// reference (or a Tensor&), and whose return is a torch type, can give its op
+// its own C++ signature, so C++ callers' `typed<Sig>()` takes the kernel's
+// (docs/cpp_ops.md#typed-calls).
+template <class D>
+constexpr bool kTorchScalar = std::is_same_v<D, at::Tensor> || std::is_same_v<D, int64_t> ||
+                              std::is_same_v<D, double> || std::is_same_v<D, bool> ||
+                              std::is_same_v<D, std::string> || std::is_same_v<D, c10::ScalarType> ||
+                              std::is_same_v<D, c10::Device> || std::is_same_v<D, c10::Layout> ||
+                              std::is_same_v<D, c10::MemoryFormat>;
+template <class D>
+constexpr bool kTorchValue = kTorchScalar<D> || std::is_same_v<D, std::vector<at::Tensor>> ||
+                             std::is_same_v<D, std::vector<int64_t>> || std::is_same_v<D, std::vector<double>>;
+template <class D>
+struct IsTorchValue : std::bool_constant<kTorchValue<D>> {};
+template <class D>
+struct IsTorchValue<std::optional<D>> : std::bool_constant<kTorchScalar<D>> {};
+template <class Arg, class D = std::remove_cv_t<std::remove_reference_t<Arg>>>
+constexpr bool kTorchParam = IsTorchValue<D>::value && (!std::is_reference_v<Arg> || std::is_same_v<Arg, const D&> ||
+                                                        std::is_same_v<Arg, at::Tensor&>);
+template <class R, class... Args>
+constexpr bool kOwnSignature = !kIsStruct<std::decay_t<R>> && (kTorchParam<Args> && ...);
+
 // Parameter K of a kernel, from the flat arguments.
 template <size_t K, class Arg, size_t Offset, class Rd>
 decltype(auto) Param(Rd& r) {
@@ -164,12 +190,10 @@ struct StructKernel<R, TypeList<Args...>, TypeList<FlatArgs...>> {
 
   // A function-try-block: no wrapper between torch and the kernel's result.
   Result operator()(FlatArgs... flat) const try {
-    auto t = std::forward_as_tuple(flat...);
-    Reader<UnboxedSlots, decltype(t)> r{t};
     if constexpr (std::is_void_v<R>) {
-      Call(fn, r, std::index_sequence_for<Args...>{});
+      Run(flat...);
     } else {
-      decltype(auto) out = Call(fn, r, std::index_sequence_for<Args...>{});
+      decltype(auto) out = Run(flat...);
       CheckReturned(out, name);
       if constexpr (kIsStruct<R>) {
         return Ret<R>::Flatten(std::move(out));
@@ -181,14 +205,60 @@ struct StructKernel<R, TypeList<Args...>, TypeList<FlatArgs...>> {
     Rethrow(name);
   }
 
+  // The kernel on the flat arguments: handed on as they are where they are
+  // its own parameters, else read into them (structs rebuilt on the stack).
+  decltype(auto) Run(FlatArgs&... flat) const {
+    if constexpr (std::is_same_v<TypeList<Args...>, TypeList<FlatArgs...>>) {
+      return fn(static_cast<FlatArgs&&>(flat)...);
+    } else {
+      auto t = std::forward_as_tuple(flat...);
+      Reader<UnboxedSlots, decltype(t)> r{t};
+      return Call(fn, r, std::index_sequence_for<Args...>{});
+    }
+  }
+
   FnPtr fn;
   KernelName name;
 };
 
+// Whether torch takes `Sig` as the C++ signature of `op`: true until one of
+// its kernels has recorded another.
+template <class Sig>
+bool Fits(const c10::OperatorHandle& op) {
+  try {
+    op.typed<Sig>();
+    return true;
+  } catch (const c10::Error&) {
+    return false;
+  }
+}
+
+// A kernel as torch may register it: with opforge's flat signature, and,
+// where kOwnSignature holds, with the kernel's own, which its op records
+// when every kernel of the op in the block has the same one
+// (UnstableBackend::Impl).
+struct KernelForms {
+  std::string op;  // "ns::op"
+  std::unique_ptr<torch::CppFunction> flat, own;
+  bool (*flat_fits)(const c10::OperatorHandle&) = nullptr;
+  bool (*own_fits)(const c10::OperatorHandle&) = nullptr;
+  const std::type_info* own_type = nullptr;  // null where the kernel has no own form
+};
+
 template <class R, class... Args>
-torch::CppFunction* MakeKernel(R (*fn)(Args...), KernelName name) {
+std::unique_ptr<KernelForms> MakeKernel(R (*fn)(Args...), KernelName name) {
   using Flat = typename Concat<typename ParamFlat<Args>::type...>::type;
-  return new torch::CppFunction(StructKernel<R, TypeList<Args...>, Flat>{fn, std::move(name)});
+  using FlatKernel = StructKernel<R, TypeList<Args...>, Flat>;
+  auto forms = std::make_unique<KernelForms>();
+  forms->op = name.op;
+  forms->flat_fits = &Fits<typename c10::guts::infer_function_traits_t<FlatKernel>::func_type>;
+  if constexpr (kOwnSignature<R, Args...>) {
+    forms->own = std::make_unique<torch::CppFunction>(StructKernel<R, TypeList<Args...>, TypeList<Args...>>{fn, name});
+    forms->own_fits = &Fits<R(Args...)>;
+    forms->own_type = &typeid(R(Args...));
+  }
+  forms->flat = std::make_unique<torch::CppFunction>(FlatKernel{fn, std::move(name)});
+  return forms;
 }
 
 // A dispatch key as torch names it: c10::kCUDA -> "CUDA".
@@ -202,12 +272,19 @@ class UnstableBackend {
  public:
   UnstableBackend(torch::Library::Kind kind, const char* ns, std::optional<c10::DispatchKey> key,
                   const char* file, uint32_t line)
-      : lib_(std::make_unique<torch::Library>(kind, ns, key, file, line)) {}
+      : ns_(ns), lib_(std::make_unique<torch::Library>(kind, ns, key, file, line)) {}
   OpforgeBackendV1 backend() { return BackendTable(this); }
   // Kernels are made while the block runs and handed over at commit.
-  void* Keep(torch::CppFunction* kernel) {
-    kernels_.emplace_back(kernel);
-    return kernel;
+  void* Keep(std::unique_ptr<KernelForms> kernel) {
+    Agree(kernel->op, kernel->own_type);
+    kernels_.push_back(std::move(kernel));
+    return kernels_.back().get();
+  }
+  // Records a C++ signature a kernel or backward of `op` is written against
+  // (null: one torch cannot record); the op takes the kernels' own where all agree.
+  void Agree(const std::string& op, const std::type_info* own) {
+    auto [it, first] = own_signatures_.emplace(op, own);
+    if (!first && (it->second == nullptr || own == nullptr || *it->second != *own)) it->second = nullptr;
   }
   // Keeps the registrations for as long as the library is loaded.
   void Finish(bool ok);
@@ -220,8 +297,10 @@ class UnstableBackend {
   void Warn(const char* message);
 
  private:
+  std::string ns_;
   std::unique_ptr<torch::Library> lib_;
-  std::vector<std::unique_ptr<torch::CppFunction>> kernels_;
+  std::vector<std::unique_ptr<KernelForms>> kernels_;
+  std::map<std::string, const std::type_info*> own_signatures_;  // by "ns::op"; null: flat
 };
 
 // Registers G as the backward of `qualified` with the backend's library;
@@ -231,16 +310,22 @@ using AutogradRegistrarFn = void (*)(torch::Library& lib, const std::string& qua
 template <class G, class Sig>
 struct AutogradRegistrar;
 
+template <class R, class... Args>
+const std::type_info* OwnType(R (*)(Args...)) {
+  if constexpr (kOwnSignature<R, Args...>) return &typeid(R(Args...));
+  return nullptr;
+}
+
 struct UnstableMode {
-  using Kernel = torch::CppFunction*;
   template <class R, class... Args>
   static void* MakeKernel(UnstableBackend& backend, R (*fn)(Args...), KernelName name) {
     return backend.Keep(detail::MakeKernel(fn, std::move(name)));
   }
   template <class G, class Sig>
-  static void SetAutograd(LibraryPlan& plan, const std::string& op) {
+  static void SetAutograd(LibraryPlan& plan, UnstableBackend& backend, const std::string& op) {
     static_assert(IsComplete<AutogradRegistrar<G, Sig>>::value,
                   "opforge: include <opforge/backward.h> to declare a C++ backward.");
+    backend.Agree(plan.ns() + "::" + op, OwnType(static_cast<Sig*>(nullptr)));
     AutogradRegistrarFn registrar = &AutogradRegistrar<G, Sig>::Register;
     plan.SetAutograd(op, reinterpret_cast<void*>(registrar));
   }

@@ -25,9 +25,20 @@ char* UnstableBackend::Def(const char* schema) {
   return Catch([&] { lib_->def(schema); }, "torch::Library::def", &Describe);
 }
 
+// A kernel registers with the C++ signature its op has recorded, where an
+// earlier block's kernel recorded one; else with its own when every kernel of
+// the op in this block agrees on one (TORCH_LIBRARY's rule), and with
+// opforge's flat signature otherwise.
 char* UnstableBackend::Impl(const char* op, const char* key, void* kernel) {
   return Catch([&] {
-    auto* fn = static_cast<torch::CppFunction*>(kernel);
+    auto& forms = *static_cast<KernelForms*>(kernel);
+    torch::CppFunction* fn = forms.flat.get();
+    if (forms.own) {
+      const auto handle = c10::Dispatcher::singleton().findSchema({forms.op, ""});
+      const bool own_fits = !handle || forms.own_fits(*handle);
+      const bool flat_fits = !handle || forms.flat_fits(*handle);
+      if (own_fits && (!flat_fits || own_signatures_[forms.op] != nullptr)) fn = forms.own.get();
+    }
     lib_->impl(op, torch::dispatch(c10::parseDispatchKey(key), std::move(*fn)));
   }, "torch::Library::impl", &Describe);
 }

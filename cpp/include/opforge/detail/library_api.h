@@ -248,7 +248,7 @@ class LibraryApi {
 
   template <class G, class Sig>
   void SetAutograd(const std::string& op) {
-    Mode::template SetAutograd<G, Sig>(plan_, op);
+    Mode::template SetAutograd<G, Sig>(plan_, backend_, op);
   }
 
  private:

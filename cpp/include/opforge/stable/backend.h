@@ -89,7 +89,7 @@ struct StableMode {
     return reinterpret_cast<void*>(MakeStableKernel(fn, std::move(name)));
   }
   template <class G, class Sig>
-  static void SetAutograd(LibraryPlan& plan, const std::string& op) {
+  static void SetAutograd(LibraryPlan& plan, StableBackend&, const std::string& op) {
     static_assert(IsComplete<StableAutograd<G, Sig>>::value,
                   "opforge: a C++ backward in a stable-ABI library needs <opforge/opforge.h> (it includes "
                   "opforge/stable/backward.h).");
