@@ -78,6 +78,15 @@ def test_a_written_tensor_gets_its_version_bumped_on_every_path(mode):
     before = y._version
     getattr(torch.ops, ns).scale_(y, 2.0)
     assert y._version == before + 1
+    # Once per call where an input requires grad too (the Autograd kernel's other path),
+    # and not at all for an inference tensor, as a TORCH_LIBRARY op leaves it.
+    before = out._version
+    getattr(torch.ops, ns).rms_norm(out, x.requires_grad_(), w, 1e-6)
+    assert out._version == before + 1
+    with torch.inference_mode():
+        frozen, xi, wi = torch.empty(2, 8), torch.randn(2, 8), torch.randn(8)
+    getattr(torch.ops, ns).rms_norm(frozen, xi, wi, 1e-6)
+    torch.testing.assert_close(frozen, rms_norm_ref(xi, wi, 1e-6))
 
 
 def test_the_same_op_registered_with_torch_library_leaves_the_version_alone(built):

@@ -347,7 +347,11 @@ PYBIND11_MODULE(_C, m) {
   InitOpObject(m);
 
   py::class_<KernelRegistration>(m, "KernelRegistration");
-  m.def("register_no_backward_kernel", &RegisterNoBackwardKernel, py::arg("qualname"), py::arg("message"),
+  m.def("register_no_backward_kernel",
+        [](const std::string& qualname, const std::string& message) {
+          return RegisterNoBackwardKernel(qualname, message);
+        },
+        py::arg("qualname"), py::arg("message"),
         "Installs the Autograd kernel of an op without backward; it stays while the result lives.");
   m.def("register_inplace_kernel", &RegisterInplaceKernel, py::arg("qualname"),
         "Installs the ADInplaceOrView kernel that bumps the versions of what the op writes; it stays while the "

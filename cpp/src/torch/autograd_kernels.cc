@@ -27,7 +27,13 @@ using torch::autograd::Variable;
 // The Autograd kernel of one op without backward.
 class NoBackwardKernel : public c10::OperatorKernel {
  public:
-  NoBackwardKernel(std::string message, bool mutates) : message_(std::move(message)), mutates_(mutates) {}
+  NoBackwardKernel(std::string message, const c10::FunctionSchema& schema, bool cpp_library)
+      : message_(std::move(message)), mutates_(schema.is_mutable()), cpp_library_(cpp_library) {
+    for (size_t i = 0; i < schema.arguments().size(); ++i) {
+      const auto& alias = schema.arguments()[i].alias_info();
+      if (alias && alias->isWrite()) written_.push_back(i);
+    }
+  }
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
     const auto& schema = op.schema();
@@ -40,6 +46,19 @@ class NoBackwardKernel : public c10::OperatorKernel {
       for (size_t i = first; i < stack->size() && !needs_grad; ++i) {
         ForEachTensor((*stack)[i], [&](const at::Tensor& t) { needs_grad = needs_grad || t.requires_grad(); });
       }
+    }
+    if (!needs_grad && cpp_library_ && mutates_) {
+      // The ADInplaceOrView kernel's work (InplaceKernel<true>) done here, on
+      // the stack as it is, and that kernel skipped: a C++ library's op
+      // through the dispatcher costs what a TORCH_LIBRARY op costs.
+      for (size_t i : written_) {
+        ForEachTensor((*stack)[first + i], [](const at::Tensor& t) {
+          if (t.defined() && !t.is_inference()) torch::autograd::increment_version(t);
+        });
+      }
+      at::AutoDispatchBelowADInplaceOrView guard;
+      op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
+      return;
     }
     if (!needs_grad) {
       RedispatchBelowAutograd(op, ks, stack, mutates_);
@@ -79,6 +98,8 @@ class NoBackwardKernel : public c10::OperatorKernel {
  private:
   std::string message_;
   bool mutates_;  // the op writes an argument: its ADInplaceOrView kernel bumps versions
+  bool cpp_library_;  // an op of a C++ library, whose ADInplaceOrView kernel is InplaceKernel<true>
+  std::vector<size_t> written_;  // the arguments it writes
 };
 
 // Bumps the version of every tensor the op writes (`Tensor(a!)`), as torch's
@@ -145,7 +166,7 @@ void OnLibraryOp(const LibraryOp& lib_op) {
     const std::string message =
         lib_op.name + ": a gradient was requested through this op, but it has no backward. Declare one in C++ "
         "(m.def(...).autograd<G>()) or from Python (opforge.ops." + dotted + ".register_autograd(backward)).";
-    NoBackwardKernels()[lib_op.name] = RegisterNoBackwardKernel(lib_op.name, message);
+    NoBackwardKernels()[lib_op.name] = RegisterNoBackwardKernel(lib_op.name, message, /*cpp_library=*/true);
   }
 }
 
@@ -164,10 +185,11 @@ bool DropNoBackwardKernel(const std::string& qualname) {
   return NoBackwardKernels().erase(qualname) > 0;
 }
 
-std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname, const std::string& message) {
-  const bool mutates = c10::Dispatcher::singleton().findSchemaOrThrow(qualname.c_str(), "").schema().is_mutable();
+std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname, const std::string& message,
+                                                             bool cpp_library) {
+  const auto& schema = c10::Dispatcher::singleton().findSchemaOrThrow(qualname.c_str(), "").schema();
   return RegisterBoxed(qualname, {c10::DispatchKey::Autograd}, [&] {
-    return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<NoBackwardKernel>(message, mutates));
+    return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<NoBackwardKernel>(message, schema, cpp_library));
   });
 }
 

@@ -16,10 +16,13 @@ namespace opforge {
 // For ops without a backward: runs the op below autograd and, when an input
 // requires grad, gives the outputs a grad_fn that raises a clear error if a
 // gradient is ever requested through them. Inference calls pay one boxed
-// C++ kernel, as with torch's own autograd fallback.
+// C++ kernel, as with torch's own autograd fallback; an op of a C++ library
+// (`cpp_library`) that writes arguments bumps their versions there too,
+// skipping its ADInplaceOrView kernel.
 //
 //   auto reg = RegisterNoBackwardKernel("mylib::op", "mylib::op has no backward; ...");
-std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname, const std::string& message);
+std::unique_ptr<KernelRegistration> RegisterNoBackwardKernel(const std::string& qualname, const std::string& message,
+                                                             bool cpp_library = false);
 
 // The dispatch keys a kernel runs below, as the op's Autograd kernel sets
 // them (see RedispatchBelowAutograd): below autograd, and below ADInplaceOrView
