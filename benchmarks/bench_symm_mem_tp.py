@@ -32,6 +32,9 @@ holding a column shard of w1 and a row shard of w2, for each of --tokens:
 Every figure is timed twice: eager launches (the time per call of many calls,
 torch.cuda.synchronize at both ends) and a CUDA graph (--graph-calls calls
 captured in one graph, replayed, divided); tables show the slowest rank.
+The steps' eager figures are the medians of --rounds rounds, each timing
+every step once in a rotating order, and the opforge step's ratios to the
+baselines are the medians of the rounds' ratios, with quartiles, per rank.
 Every result is checked against NCCL's on every rank (float32 to within
 torch.testing's float32 tolerances, bfloat16 to within its bfloat16 ones,
 both scaled for a sum of N terms).
@@ -48,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import socket
 import subprocess
 import sys
@@ -122,6 +126,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--two-shot-min-bytes", type=int, default=-1,
                    help="kernels::all_reduce's two-shot threshold (default -1: the library's table)")
     p.add_argument("--iters", type=int, default=200, help="eager calls per figure (fewer above 8 MB)")
+    p.add_argument("--rounds", type=int, default=15,
+                   help="rounds of the TP step's eager figures, each timing every step once (median)")
     p.add_argument("--graph-calls", type=int, default=50, help="calls captured per CUDA graph (fewer above 4 MB)")
     p.add_argument("--replays", type=int, default=20, help="replays of each CUDA graph")
     p.add_argument("--profile", metavar="DIR", help="write profiler traces of the TP step on rank 0 to DIR")
@@ -198,10 +204,12 @@ class Rank:
         self.checks.append({"what": what, "rank": self.rank, "ok": not mismatch, "mismatch": mismatch,
                             "max_error": (got.float() - want.float()).abs().max().item(), "rtol": rtol, "atol": atol})
 
-    def time(self, what: str, fn, nbytes: int) -> dict:
+    def time(self, what: str, fn, nbytes: int, modes=("eager", "graph")) -> dict:
         """Microseconds per call of fn: eager launches and in a CUDA graph."""
         out = {}
         for mode, timer in (("eager", self.eager_us), ("graph", self.graph_us)):
+            if mode not in modes:
+                continue
             try:
                 out[mode] = timer(fn, nbytes)
             except Exception as e:  # noqa: BLE001 - one failed figure must not lose the others
@@ -386,15 +394,54 @@ def tp_steps(r: Rank) -> tuple[list[dict], list[dict]]:
             r.check(f"{label}: {name}", outs[name], want, dtype_text, amax)
         row = {"tokens": tokens, "hidden": hidden, "dtype": dtype_text, "bytes": nbytes, "path": path, "times": {}}
         for name, fn in steps.items():
-            row["times"][name] = r.time(f"{label}: {name}", lambda fn=fn: fn(x), nbytes)
+            row["times"][name] = r.time(f"{label}: {name}", lambda fn=fn: fn(x), nbytes, modes=("graph",))
         sbuf.zero_()
-        row["times"]["all-reduce alone"] = r.time(f"{label}: all-reduce alone", direct, nbytes)
+        row["times"]["all-reduce alone"] = r.time(f"{label}: all-reduce alone", direct, nbytes, modes=("graph",))
+        fns = {name: (lambda fn=fn: fn(x)) for name, fn in steps.items()}
+        fns["all-reduce alone"] = direct
+        eager, step_ratios = interleaved(r, label, fns, nbytes)
+        for name, value in eager.items():
+            row["times"][name]["eager"] = value
+        row["eager_ratios"] = step_ratios
         rows.append(row)
         if r.args.profile:
             for name in ("opforge", "matmuls"):
                 profiles.append(profile_steps(r, f"{name}_tokens{tokens}", lambda fn=steps[name]: fn(x)))
         del sbuf
     return rows, profiles
+
+
+def interleaved(r: Rank, label: str, fns: dict, nbytes: int) -> tuple[dict, dict]:
+    """Eager-launch µs of each step, the median of --rounds rounds that each
+    time every step once (--iters calls) in an order that rotates, so that
+    drift on the host (clocks, the other rank's process) falls on all steps
+    alike; and the opforge step's ratios to the baselines, the median of the
+    rounds' ratios with quartiles."""
+    names = list(fns)
+    per_round = {name: [] for name in names}
+    for k in range(r.args.rounds):
+        for name in names[k % len(names):] + names[:k % len(names)]:
+            try:
+                per_round[name].append(r.eager_us(fns[name], nbytes))
+            except Exception as e:  # noqa: BLE001 - one failed figure must not lose the others
+                r.errors.append({"what": f"{label}: {name} (eager)", "rank": r.rank,
+                                 "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]})
+                per_round[name] = []
+                names.remove(name)
+    eager = {name: statistics.median(v) if v else None for name, v in per_round.items()}
+    ratios = {}
+    o, m, d, a = (per_round.get(n, []) for n in ("opforge", "matmuls", "matmuls + direct", "all-reduce alone"))
+    if o and d and len(o) == len(d):
+        ratios["opforge / (matmuls + direct)"] = quartiles([x / y for x, y in zip(o, d)])
+    if o and m and a and len(o) == len(m) == len(a):
+        ratios["opforge / (matmuls + all-reduce alone)"] = quartiles([x / (y + z) for x, y, z in zip(o, m, a)])
+    return eager, ratios
+
+
+def quartiles(values: list[float]) -> list[float]:
+    """[median, first quartile, third quartile]"""
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return [statistics.median(values), q[0], q[2]]
 
 
 def profile_steps(r: Rank, name: str, fn) -> dict:
@@ -447,7 +494,7 @@ def rank_main(args) -> int:
                 "two_shot_min_bytes_override": args.two_shot_min_bytes,
                 "inductor_collective_auto_select": getattr(collective, "auto_select", None),
                 "env": {key: os.environ.get(key) for key in NO_MULTICAST},
-                "iters": args.iters, "graph_calls": args.graph_calls, "replays": args.replays}
+                "iters": args.iters, "rounds": args.rounds, "graph_calls": args.graph_calls, "replays": args.replays}
         print(render(meta, reports))
         if args.json:
             with open(args.json, "w") as f:
@@ -511,7 +558,7 @@ def render(meta: dict, reports: list[dict]) -> str:
                 out.append(f"| {size_label(row['bytes'])} | {row['path']} | "
                            + " | ".join(us(t[name]) for name in SWEEP_METHODS)
                            + f" | {ratio(t['opforge'], same)} | {ratio(t['opforge'], t['nccl'])} |")
-    for row in merged(reports, "steps"):
+    for i, row in enumerate(merged(reports, "steps")):
         t = row["times"]
 
         def get(name, mode):
@@ -527,8 +574,13 @@ def render(meta: dict, reports: list[dict]) -> str:
         for name in STEPS:
             out.append(f"| {name} | {us(get(name, 'eager'))} | {us(get(name, 'graph'))} |")
         out.append(f"| matmuls, plus all-reduce alone (the sum) | {us(summed('eager'))} | {us(summed('graph'))} |")
-        out += ["",
-                f"- opforge step / (matmuls + direct all-reduce), eager: "
+        out += [""]
+        for what in ("opforge / (matmuls + direct)", "opforge / (matmuls + all-reduce alone)"):
+            per_rank = [rep["steps"][i].get("eager_ratios", {}).get(what) for rep in reports]
+            if all(per_rank):
+                out.append(f"- {what}, eager, median of {meta['rounds']} rounds' ratios [quartiles], per rank: "
+                           + "; ".join(f"{q[0]:.3f}x [{q[1]:.3f}-{q[2]:.3f}]" for q in per_rank))
+        out += [f"- opforge step / (matmuls + direct all-reduce), eager: "
                 f"{ratio(get('opforge', 'eager'), get('matmuls + direct', 'eager'))}; "
                 f"graph: {ratio(get('opforge', 'graph'), get('matmuls + direct', 'graph'))}",
                 f"- opforge step / NCCL step, graph: {ratio(get('opforge', 'graph'), get('nccl', 'graph'))}; "

@@ -1,0 +1,51 @@
+"""benchmarks/bench_symm_mem_tp.py's eager TP-step figures without a GPU: the
+interleaved rounds rotate the order of the steps, take medians, and give the
+opforge step's ratio per round; the report prints them per rank."""
+
+import os
+import sys
+from types import SimpleNamespace
+
+from cpp_ext import ROOT
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import bench_symm_mem_tp as bench  # noqa: E402
+
+
+class FakeRank:
+    """Times from a script: each step's µs grow by one per round, the opforge step twice the matmuls'."""
+
+    def __init__(self, rounds):
+        self.args = SimpleNamespace(rounds=rounds)
+        self.rank, self.errors, self.calls = 0, [], []
+
+    def eager_us(self, fn, nbytes):
+        name = fn()
+        k = sum(1 for c in self.calls if c == name)
+        self.calls.append(name)
+        return {"opforge": 20.0, "matmuls": 10.0, "matmuls + direct": 16.0, "all-reduce alone": 6.0}[name] + k
+
+
+def test_rounds_rotate_the_order_and_give_median_ratios():
+    r = FakeRank(rounds=5)
+    names = ["opforge", "matmuls", "matmuls + direct", "all-reduce alone"]
+    eager, ratios = bench.interleaved(r, "step", {n: (lambda n=n: n) for n in names}, 1024)
+    assert r.calls[:4] == names
+    assert r.calls[4:8] == names[1:] + names[:1]  # the second round starts one later
+    assert eager == {"opforge": 22.0, "matmuls": 12.0, "matmuls + direct": 18.0, "all-reduce alone": 8.0}
+    per_round = [(20 + k) / (16 + k) for k in range(5)]
+    median, q1, q3 = ratios["opforge / (matmuls + direct)"]
+    assert median == per_round[2] and q1 < median < q3
+    assert ratios["opforge / (matmuls + all-reduce alone)"][0] == 22 / 20
+
+
+def test_a_step_that_fails_is_reported_and_leaves_the_others():
+    r = FakeRank(rounds=3)
+
+    def broken():
+        raise RuntimeError("no symmetric memory")
+
+    eager, ratios = bench.interleaved(r, "step", {"opforge": broken, "matmuls": lambda: "matmuls"}, 1024)
+    assert eager["opforge"] is None and eager["matmuls"] == 11.0
+    assert ratios == {}
+    assert r.errors[0]["what"] == "step: opforge (eager)" and "no symmetric memory" in r.errors[0]["error"]
