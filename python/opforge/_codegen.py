@@ -577,8 +577,9 @@ class Builder:
                 # tensors, with its own message: the boundary's comes first.
                 values = "".join(f"{e}, " for e, c in zip(exprs, checks) if c is not None)
                 table = tuple((self.op_name, *c) for c in checks if c is not None)
-                w.line(f"if _compiling(): {self.const('leaves', _check_traced_leaves)}(({values}), "
-                       f"{self.const('checks', table)})")
+                # The table is a literal of the code, not one of its globals:
+                # Dynamo guards what it reads from globals on every call.
+                w.line(f"if _compiling(): {self.const('leaves', _check_traced_leaves)}(({values}), {table!r})")
             w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
         return w.text()
 
