@@ -575,11 +575,15 @@ class Builder:
             if any(c is not None for c in checks):
                 # Torch checks these values again when the flat op runs on fake
                 # tensors, with its own message: the boundary's comes first.
+                # Dynamo evaluates the guards of whatever the test reads on
+                # every compiled call, so it reads only builtins and literals;
+                # the helper that raises is traced only when a value is bad.
                 values = "".join(f"{e}, " for e, c in zip(exprs, checks) if c is not None)
                 table = tuple((self.op_name, *c) for c in checks if c is not None)
-                # The table is a literal of the code, not one of its globals:
-                # Dynamo guards what it reads from globals on every call.
-                w.line(f"if _compiling(): {self.const('leaves', _check_traced_leaves)}(({values}), {table!r})")
+                bad = " or ".join(_traced_leaf_test(e, *c) for e, c in zip(exprs, checks) if c is not None)
+                w.line(f"if _compiling() and ({bad}):")
+                with w.block():
+                    w.line(f"{self.const('leaves', _check_traced_leaves)}(({values}), {table!r})")
             w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
         return w.text()
 
@@ -790,6 +794,23 @@ def _bad_leaf(kind: str, value) -> bool:
 
 def _past_int64(kind: str, value) -> bool:
     return kind == "int" and type(value) is int and not _INT64[0] <= value <= _INT64[1]
+
+
+def _traced_leaf_test(expr: str, kind: str, where: str, expected: str, none_ok: bool) -> str:
+    """A Python expression, true where `_check_traced_leaves` may find the
+    leaf `expr` bad, in builtins and literals only (no guards beyond them);
+    a list's items are left to that function."""
+    none = f"{expr} is None" if not none_ok else "False"
+    if kind == "tensor":
+        return f"({none} or isinstance({expr}, (str, int, float, list, tuple)))"
+    if kind == "int":
+        return (f"({none} or isinstance({expr}, (float, str, list, tuple)) or (type({expr}) is int and not "
+                f"{_INT64[0]} <= {expr} <= {_INT64[1]}))")
+    if kind in ("float", "bool"):
+        return f"({none} or isinstance({expr}, (str, list, tuple)))"
+    if kind == "str":
+        return f"({expr} is not None and not isinstance({expr}, str) or {none})"
+    return "True"  # list:<kind>
 
 
 def _check_traced_leaves(values: tuple, table: tuple) -> None:
