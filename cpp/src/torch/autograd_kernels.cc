@@ -47,21 +47,22 @@ class NoBackwardKernel : public c10::OperatorKernel {
         ForEachTensor((*stack)[i], [&](const at::Tensor& t) { needs_grad = needs_grad || t.requires_grad(); });
       }
     }
-    if (!needs_grad && cpp_library_ && mutates_) {
-      // The ADInplaceOrView kernel's work (InplaceKernel<true>) done here, on
-      // the stack as it is, and that kernel skipped: a C++ library's op
-      // through the dispatcher costs what a TORCH_LIBRARY op costs.
-      for (size_t i : written_) {
-        ForEachTensor((*stack)[first + i], [](const at::Tensor& t) {
-          if (t.defined() && !t.is_inference()) torch::autograd::increment_version(t);
-        });
-      }
-      at::AutoDispatchBelowADInplaceOrView guard;
-      op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
+    if (!needs_grad && !cpp_library_) {
+      RedispatchBelowAutograd(op, ks, stack, mutates_);
       return;
     }
     if (!needs_grad) {
-      RedispatchBelowAutograd(op, ks, stack, mutates_);
+      // An op of a C++ library goes on as torch's autograd fallback takes a
+      // TORCH_LIBRARY op (no dispatch-key guard: setting one costs more
+      // than the whole fallback), doing its ADInplaceOrView kernel's work
+      // (InplaceKernel<true>) on the stack as it is and skipping that kernel.
+      for (size_t i : written_) {
+        ForEachTensor((*stack)[first + i], [](const at::Tensor& t) {
+          // increment_version's own work, inline: a tensor outside inference mode has a counter.
+          if (t.defined() && !t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+        });
+      }
+      op.redispatchBoxed(ks & c10::after_ADInplaceOrView_keyset, stack);
       return;
     }
     std::vector<Variable> inputs;
