@@ -37,17 +37,20 @@ Tensor two_shot_all_reduce_meta(Tensor& input, const ReduceCfg&, const std::stri
 // the more ranks. vLLM's and SGLang's custom all-reduce switch at 512 KB up to
 // 4 ranks and at 256 KB up to 8 (CustomAllreduce::allreduce in
 // csrc/custom_all_reduce.cuh and sgl-kernel/csrc/allreduce/custom_all_reduce.cuh):
-// taken as they are for 4 and 8. At 2 ranks both move S bytes and vLLM stays
+// taken as it is for 8. At 2 ranks both move S bytes and vLLM stays
 // one-shot at every size; torch's two kernels differ there (one-shot runs at
 // most 24 x 512 threads, two-shot 24 x 1024), and the sweep of
 // benchmarks/bench_symm_mem_tp.py on 2 H200s has one-shot ahead up to 1 MB
 // (13.6 against 14.7 us in a CUDA graph) and two-shot ahead from 4 MB (24.9
-// against 32.1 us): 2 ranks switch at 2 MB. torch's two_shot_all_reduce_out
-// exists for 2, 4 and 8 ranks only: other world sizes stay one-shot.
+// against 32.1 us): 2 ranks switch at 2 MB. On 4 H200s one-shot is still
+// ahead at 512 KB (13.0 against 13.7 us, float32, CUDA graph) and two-shot
+// from 1 MB (16.0 against 18.3 us): 4 ranks switch at 1 MB. torch's
+// two_shot_all_reduce_out exists for 2, 4 and 8 ranks only: other world
+// sizes stay one-shot.
 int64_t all_reduce_two_shot_min_bytes(int64_t world_size) {
   switch (world_size) {
     case 2: return 2 * 1024 * 1024;
-    case 4: return 512 * 1024;
+    case 4: return 1024 * 1024;
     case 8: return 256 * 1024;
     default: return std::numeric_limits<int64_t>::max();
   }
