@@ -186,7 +186,7 @@ def test_the_cpp_all_reduce_picks_one_shot_or_two_shot_by_size_and_world_size(ke
     assert opforge.symm_mem_args("kernels::all_reduce") == ["input"]
     never = 2**63 - 1
     assert {w: kernels.all_reduce_two_shot_min_bytes(w) for w in range(1, 10)} == {
-        1: never, 2: 2 << 20, 3: never, 4: 512 << 10, 5: never, 6: never, 7: never, 8: 256 << 10, 9: never}
+        1: never, 2: 2 << 20, 3: never, 4: 1 << 20, 5: never, 6: never, 7: never, 8: 256 << 10, 9: never}
 
     # torch's symm_mem ops have no CPU kernels: stand-ins record which one the op calls.
     calls = []
@@ -215,8 +215,8 @@ def test_the_cpp_all_reduce_picks_one_shot_or_two_shot_by_size_and_world_size(ke
         assert path(16, 2) == "one_shot"
         assert path((2 << 20) - 4, 2) == "one_shot"
         assert path(2 << 20, 2) == "two_shot"
-        assert path((512 << 10) - 4, 4) == "one_shot"
-        assert path(512 << 10, 4) == "two_shot"
+        assert path((1 << 20) - 4, 4) == "one_shot"
+        assert path(1 << 20, 4) == "two_shot"
         assert path((256 << 10) - 4, 8) == "one_shot"
         assert path(256 << 10, 8) == "two_shot"
         assert path(4 << 20, 3) == "one_shot"  # no two-shot kernel at 3 or 6 ranks
