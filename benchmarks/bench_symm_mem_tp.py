@@ -39,6 +39,11 @@ Every result is checked against NCCL's on every rank (float32 to within
 torch.testing's float32 tolerances, bfloat16 to within its bfloat16 ones,
 both scaled for a sum of N terms).
 
+--parts times, eagerly, each call the compiled opforge step's wrapper makes
+around the all-reduce (the symmetric buffer's allocation, the op as the
+wrapper calls it, its output asserts), the op through opforge.ops, torch's
+op of the same path called directly, and the op compiled alone.
+
 --profile DIR writes torch.profiler traces (CPU and CUDA) of --profile-steps
 compiled opforge steps and as many matmuls-only steps on rank 0, and prints
 the top 25 ops by self CPU time of each. --json PATH writes every figure.
@@ -130,6 +135,8 @@ def parser() -> argparse.ArgumentParser:
                    help="rounds of the TP step's eager figures, each timing every step once (median)")
     p.add_argument("--graph-calls", type=int, default=50, help="calls captured per CUDA graph (fewer above 4 MB)")
     p.add_argument("--replays", type=int, default=20, help="replays of each CUDA graph")
+    p.add_argument("--parts", action="store_true",
+                   help="also time, eagerly, each call the compiled opforge step makes around its all-reduce")
     p.add_argument("--profile", metavar="DIR", help="write profiler traces of the TP step on rank 0 to DIR")
     p.add_argument("--profile-steps", type=int, default=20)
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
@@ -438,6 +445,48 @@ def interleaved(r: Rank, label: str, fns: dict, nbytes: int) -> tuple[dict, dict
     return eager, ratios
 
 
+def parts(r: Rank) -> list[dict]:
+    """µs per eager call of each piece the compiled opforge step's wrapper
+    runs around the all-reduce (what Inductor's code for it calls, one by
+    one), of torch's op called directly, and of the op alone compiled, for
+    each of --tokens: where the step's eager time over the step by hand goes."""
+    import torch
+    from torch._C._dynamo.guards import assert_alignment, assert_size_stride
+    from torch._C._distributed_c10d import _SymmetricMemory
+
+    hidden, dtype = r.args.hidden, getattr(torch, r.args.step_dtype)
+    all_reduce, cfg, group, world = r.kernels.all_reduce, r.cfg, r.group, r.world
+    flat = torch.ops.kernels.all_reduce.default
+    rows = []
+    for tokens in r.args.tokens:
+        shape, nbytes = (tokens, hidden), tokens * hidden * dtype.itemsize
+        sbuf = r.symmetric(shape, dtype)
+        direct = (torch.ops.symm_mem.two_shot_all_reduce_out.default if r.path(nbytes) == "two-shot"
+                  else torch.ops.symm_mem.one_shot_all_reduce.default)
+        direct_args = (sbuf, "sum", group) + ((torch.empty_like(sbuf),) if r.path(nbytes) == "two-shot" else ())
+        out = torch.empty_like(sbuf)
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda b: all_reduce(b, cfg, group, world, -1), fullgraph=True)
+        fns = {
+            "empty_strided_p2p (the step's buffer)": lambda: _SymmetricMemory.empty_strided_p2p(
+                shape, (hidden, 1), dtype, torch.device("cuda", r.rank), group_name=group, alloc_id=12345 + tokens),
+            "torch.ops.kernels.all_reduce.default, as the wrapper calls it": lambda: flat(
+                sbuf, "sum", group, world, two_shot_min_bytes=-1),
+            "the same, positional": lambda: flat(sbuf, "sum", group, world, -1),
+            "opforge.ops.kernels.all_reduce (struct)": lambda: all_reduce(sbuf, cfg, group, world, -1),
+            "torch's op of the same path, direct": lambda: direct(*direct_args),
+            "assert_size_stride + assert_alignment": lambda: (
+                assert_size_stride(out, shape, (hidden, 1), "op"), assert_alignment(out, 16, "op")),
+            "the op alone, compiled, its input a graph input (copied into a symmetric buffer)": lambda: compiled(sbuf),
+        }
+        for fn in fns.values():
+            fn()  # compiles, allocates
+        eager, _ = interleaved(r, f"parts tokens {tokens}", fns, nbytes)
+        rows.append({"tokens": tokens, "bytes": nbytes, "path": r.path(nbytes), "times": eager})
+        del sbuf
+    return rows
+
+
 def quartiles(values: list[float]) -> list[float]:
     """[median, first quartile, third quartile]"""
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
@@ -483,6 +532,8 @@ def rank_main(args) -> int:
         report["sweep"] = sweep(r)
     if not args.no_step:
         report["steps"], report["profiles"] = tp_steps(r)
+    if args.parts:
+        report["parts"] = parts(r)
     report["checks"], report["errors"] = r.checks, r.errors
     reports = [None] * r.world if r.rank == 0 else None
     dist.gather_object(report, reports, dst=0)
@@ -587,6 +638,13 @@ def render(meta: dict, reports: list[dict]) -> str:
                 f"eager: {ratio(get('opforge', 'eager'), get('nccl', 'eager'))}",
                 f"- opforge step / symm_mem by hand (matmuls + direct), graph: "
                 f"{ratio(get('opforge', 'graph'), get('matmuls + direct', 'graph'))}"]
+    for i, row in enumerate(reports[0].get("parts", [])):
+        out += ["", f"## pieces of the compiled step, eager, tokens {row['tokens']} ({size_label(row['bytes'])}B, "
+                    f"{row['path']}), µs per call, per rank", "",
+                "| piece | " + " | ".join(f"rank {rep['rank']}" for rep in reports) + " |",
+                "|---|" + "---:|" * len(reports)]
+        for name in row["times"]:
+            out.append(f"| {name} | " + " | ".join(us(rep["parts"][i]["times"][name]) for rep in reports) + " |")
     checks = [c for rep in reports for c in rep["checks"]]
     ranks = sorted({c["rank"] for c in checks})
     bad = [c for c in checks if not c["ok"]]
