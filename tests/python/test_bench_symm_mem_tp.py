@@ -49,3 +49,16 @@ def test_a_step_that_fails_is_reported_and_leaves_the_others():
     assert eager["opforge"] is None and eager["matmuls"] == 11.0
     assert ratios == {}
     assert r.errors[0]["what"] == "step: opforge (eager)" and "no symmetric memory" in r.errors[0]["error"]
+
+
+def test_the_report_prints_the_pieces_per_rank():
+    times = {"empty_strided_p2p (the step's buffer)": 5.5, "torch's op of the same path, direct": 13.25}
+    reports = [{"rank": rank, "sweep": [], "steps": [], "checks": [], "errors": [], "profiles": [],
+                "parts": [{"tokens": 64, "bytes": 512 << 10, "path": "one-shot",
+                           "times": {name: value + rank for name, value in times.items()}}]} for rank in (0, 1)]
+    meta = {"two_shot_min_bytes": 2 << 20, "two_shot_min_bytes_override": -1, "world_size": 2, "device": "GPU",
+            "torch": "2.11", "env": {}, "inductor_collective_auto_select": False, "rounds": 15}
+    text = bench.render(meta, reports)
+    assert "## pieces of the compiled step, eager, tokens 64 (512KB, one-shot), µs per call, per rank" in text
+    assert "| empty_strided_p2p (the step's buffer) | 5.5 | 6.5 |" in text
+    assert "| torch's op of the same path, direct | 13.2 | 14.2 |" in text
