@@ -580,7 +580,8 @@ class Builder:
                 # the helper that raises is traced only when a value is bad.
                 values = "".join(f"{e}, " for e, c in zip(exprs, checks) if c is not None)
                 table = tuple((self.op_name, *c) for c in checks if c is not None)
-                bad = " or ".join(_traced_leaf_test(e, *c) for e, c in zip(exprs, checks) if c is not None)
+                tensor = self.const("Tensor", torch.Tensor)
+                bad = " or ".join(_traced_leaf_test(e, tensor, *c) for e, c in zip(exprs, checks) if c is not None)
                 w.line(f"if _compiling() and ({bad}):")
                 with w.block():
                     w.line(f"{self.const('leaves', _check_traced_leaves)}(({values}), {table!r})")
@@ -796,13 +797,15 @@ def _past_int64(kind: str, value) -> bool:
     return kind == "int" and type(value) is int and not _INT64[0] <= value <= _INT64[1]
 
 
-def _traced_leaf_test(expr: str, kind: str, where: str, expected: str, none_ok: bool) -> str:
+def _traced_leaf_test(expr: str, tensor: str, kind: str, where: str, expected: str, none_ok: bool) -> str:
     """A Python expression, true where `_check_traced_leaves` may find the
-    leaf `expr` bad, in builtins and literals only (no guards beyond them);
-    a list's items are left to that function."""
+    leaf `expr` bad (`_bad_leaf` and `_past_int64` written out), reading
+    builtins, literals and `tensor`, the generated code's name for
+    torch.Tensor (no guards beyond them); a list's items are left to that
+    function."""
     none = f"{expr} is None" if not none_ok else "False"
     if kind == "tensor":
-        return f"({none} or isinstance({expr}, (str, int, float, list, tuple)))"
+        return f"({expr} is not None and not isinstance({expr}, {tensor}) or {none})"
     if kind == "int":
         return (f"({none} or isinstance({expr}, (float, str, list, tuple)) or (type({expr}) is int and not "
                 f"{_INT64[0]} <= {expr} <= {_INT64[1]}))")

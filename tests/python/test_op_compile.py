@@ -298,7 +298,17 @@ def test_a_compiled_struct_op_guards_nothing_of_the_ops_own_tables():
 
     names = [g.name for g in torch._dynamo.explain(f)(torch.randn(3)).out_guards]
     own = [n for n in names if "unnamed_scope" in n or "opforge" in n]
-    # The generated code's scope, its struct class, its test of "compiling?" and the flat op; nothing of
-    # its tables or helpers.
-    assert sorted(re.sub(r"\['___unnamed_scope_\d+_c\d+'\]", "[scope]", n) for n in own) == [
-        "G[scope]", "G[scope]['_S1']", "G[scope]['_compiling']", "G[scope]['_op']"], own
+    # The generated code's scope, its struct class, its test of "compiling?", torch.Tensor (for the test of
+    # x) and the flat op; nothing of its tables or helpers.
+    assert sorted(re.sub(r"\['_(Tensor|S)\d+'\]", r"['_\1']", re.sub(
+        r"\['___unnamed_scope_\d+_c\d+'\]", "[scope]", n)) for n in own) == [
+        "G[scope]", "G[scope]['_S']", "G[scope]['_Tensor']", "G[scope]['_compiling']", "G[scope]['_op']"], own
+
+
+def test_a_compiled_call_refuses_any_non_tensor_for_a_tensor_with_the_eager_error():
+    # The traced test of a Tensor leaf is "not a Tensor", not a list of Python types: a complex there is
+    # the boundary's TypeError under torch.compile too, not torch's error from the fake call.
+    with pytest.raises(TypeError, match=r"compile_forms::plain: parameter 'x': expected a Tensor, got complex 2j"):
+        plain(2j, 1.0)
+    with pytest.raises(TypeError, match=r"compile_forms::plain: parameter 'x': expected a Tensor, got complex 2j"):
+        torch.compile(lambda v: plain(v, 1.0))(2j)
