@@ -272,7 +272,7 @@ class UnstableBackend {
  public:
   UnstableBackend(torch::Library::Kind kind, const char* ns, std::optional<c10::DispatchKey> key,
                   const char* file, uint32_t line)
-      : ns_(ns), lib_(std::make_unique<torch::Library>(kind, ns, key, file, line)) {}
+      : lib_(std::make_unique<torch::Library>(kind, ns, key, file, line)) {}
   OpforgeBackendV1 backend() { return BackendTable(this); }
   // Kernels are made while the block runs and handed over at commit.
   void* Keep(std::unique_ptr<KernelForms> kernel) {
@@ -297,7 +297,6 @@ class UnstableBackend {
   void Warn(const char* message);
 
  private:
-  std::string ns_;
   std::unique_ptr<torch::Library> lib_;
   std::vector<std::unique_ptr<KernelForms>> kernels_;
   std::map<std::string, const std::type_info*> own_signatures_;  // by "ns::op"; null: flat

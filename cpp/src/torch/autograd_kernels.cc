@@ -28,7 +28,7 @@ using torch::autograd::Variable;
 class NoBackwardKernel : public c10::OperatorKernel {
  public:
   NoBackwardKernel(std::string message, const c10::FunctionSchema& schema, bool cpp_library)
-      : message_(std::move(message)), mutates_(schema.is_mutable()), cpp_library_(cpp_library) {
+      : message_(std::move(message)), cpp_library_(cpp_library) {
     for (size_t i = 0; i < schema.arguments().size(); ++i) {
       const auto& alias = schema.arguments()[i].alias_info();
       if (alias && alias->isWrite()) written_.push_back(i);
@@ -47,8 +47,9 @@ class NoBackwardKernel : public c10::OperatorKernel {
         ForEachTensor((*stack)[i], [&](const at::Tensor& t) { needs_grad = needs_grad || t.requires_grad(); });
       }
     }
+    const bool mutates = !written_.empty();  // its ADInplaceOrView kernel bumps versions
     if (!needs_grad && !cpp_library_) {
-      RedispatchBelowAutograd(op, ks, stack, mutates_);
+      RedispatchBelowAutograd(op, ks, stack, mutates);
       return;
     }
     if (!needs_grad) {
@@ -66,16 +67,14 @@ class NoBackwardKernel : public c10::OperatorKernel {
       return;
     }
     std::vector<Variable> inputs;
-    std::vector<std::pair<size_t, at::Tensor>> written;  // (argument, tensor)
-    for (size_t i = 0; i < num_args; ++i) {
-      const auto& alias = schema.arguments()[i].alias_info();
-      const bool writes = alias && alias->isWrite();
-      ForEachTensor((*stack)[first + i], [&](const at::Tensor& t) {
-        inputs.push_back(t);
-        if (writes) written.emplace_back(i, t);
-      });
+    for (size_t i = first; i < stack->size(); ++i) {
+      ForEachTensor((*stack)[i], [&](const at::Tensor& t) { inputs.push_back(t); });
     }
-    RedispatchBelowAutograd(op, ks, stack, mutates_);
+    std::vector<std::pair<size_t, at::Tensor>> written;  // (argument, tensor)
+    for (size_t i : written_) {
+      ForEachTensor((*stack)[first + i], [&](const at::Tensor& t) { written.emplace_back(i, t); });
+    }
+    RedispatchBelowAutograd(op, ks, stack, mutates);
     NodePtr node = MakeNode<torch::autograd::Error>(message_, torch::autograd::collect_next_edges(inputs));
     // Arguments the op writes (`Tensor(a!)`) now hold values computed from
     // inputs that require grad: they get the error node too.
@@ -98,9 +97,8 @@ class NoBackwardKernel : public c10::OperatorKernel {
 
  private:
   std::string message_;
-  bool mutates_;  // the op writes an argument: its ADInplaceOrView kernel bumps versions
   bool cpp_library_;  // an op of a C++ library, whose ADInplaceOrView kernel is InplaceKernel<true>
-  std::vector<size_t> written_;  // the arguments it writes
+  std::vector<size_t> written_;  // the arguments the op writes (`Tensor(a!)`)
 };
 
 // Bumps the version of every tensor the op writes (`Tensor(a!)`), as torch's
