@@ -245,6 +245,14 @@ struct KernelForms {
   const std::type_info* own_type = nullptr;  // null where the kernel has no own form
 };
 
+// The C++ signature a kernel (or a backward's `Sig`) gives its op when it
+// is its own (kOwnSignature); null where torch gets the flat one.
+template <class R, class... Args>
+const std::type_info* OwnType(R (*)(Args...)) {
+  if constexpr (kOwnSignature<R, Args...>) return &typeid(R(Args...));
+  return nullptr;
+}
+
 template <class R, class... Args>
 std::unique_ptr<KernelForms> MakeKernel(R (*fn)(Args...), KernelName name) {
   using Flat = typename Concat<typename ParamFlat<Args>::type...>::type;
@@ -255,8 +263,8 @@ std::unique_ptr<KernelForms> MakeKernel(R (*fn)(Args...), KernelName name) {
   if constexpr (kOwnSignature<R, Args...>) {
     forms->own = std::make_unique<torch::CppFunction>(StructKernel<R, TypeList<Args...>, TypeList<Args...>>{fn, name});
     forms->own_fits = &Fits<R(Args...)>;
-    forms->own_type = &typeid(R(Args...));
   }
+  forms->own_type = OwnType(fn);
   forms->flat = std::make_unique<torch::CppFunction>(FlatKernel{fn, std::move(name)});
   return forms;
 }
@@ -308,12 +316,6 @@ using AutogradRegistrarFn = void (*)(torch::Library& lib, const std::string& qua
 
 template <class G, class Sig>
 struct AutogradRegistrar;
-
-template <class R, class... Args>
-const std::type_info* OwnType(R (*)(Args...)) {
-  if constexpr (kOwnSignature<R, Args...>) return &typeid(R(Args...));
-  return nullptr;
-}
 
 struct UnstableMode {
   template <class R, class... Args>
