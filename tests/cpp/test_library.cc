@@ -281,6 +281,34 @@ TEST(LibraryErrors, UnknownStructTypeInSchemaIsAnErrorAndNothingIsRegistered) {
   EXPECT_TRUE(recorded);
 }
 
+at::Tensor TwiceByValue(at::Tensor x) { return x * 2; }
+at::Tensor TwiceByRef(const at::Tensor& x) { return x * 2; }
+
+TEST(LibraryErrors, AKernelOfALaterBlockTakesTheSignatureItsOpRecordedOrNamesTheMismatch) {
+  // The first block's kernel takes its tensor by value: the op records that signature (docs/cpp_ops.md#typed-calls).
+  auto* first = Block("opforge_sig", [](opforge::Library& m) {
+    m.def("twice(Tensor x) -> Tensor");
+    m.impl("twice", c10::kCPU, &TwiceByValue);
+  });
+  ASSERT_EQ(first->error(), "");
+  // A later block's kernel of the same signature registers (here for another key).
+  auto* same = Block("opforge_sig", [](opforge::Library& m) { m.impl("twice", c10::kCUDA, &TwiceByValue); });
+  EXPECT_EQ(same->error(), "");
+  // One taking it by const reference has neither the recorded signature nor a flat one that fits: torch's
+  // mismatch, naming the op and the kernel, and nothing of that block registered.
+  auto* other = Block("opforge_sig", [](opforge::Library& m) {
+    m.impl("twice", c10::DispatchKey::Meta, &TwiceByRef);
+  });
+  EXPECT_NE(other->error().find("opforge_sig::twice"), std::string::npos) << other->error();
+  EXPECT_NE(other->error().find("Meta kernel"), std::string::npos) << other->error();
+  EXPECT_NE(other->error().find("Mismatch in kernel C++ signatures"), std::string::npos) << other->error();
+  auto op = c10::Dispatcher::singleton().findSchemaOrThrow("opforge_sig::twice", "");
+  EXPECT_FALSE(op.hasKernelForDispatchKey(c10::DispatchKey::Meta));
+  EXPECT_TRUE(op.hasKernelForDispatchKey(c10::DispatchKey::CUDA));
+  at::Tensor y = op.typed<decltype(TwiceByValue)>().call(at::ones({2}));
+  EXPECT_DOUBLE_EQ(y[1].item<double>(), 2.0);
+}
+
 struct Cfg2 {
   double scale;
 };
