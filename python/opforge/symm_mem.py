@@ -376,6 +376,7 @@ def _install_lowerings(name: str, handling: _Handling) -> None:
             inner = L.lowerings[overload]
         ours = _make_lowering(overload, inner)
         L.lowerings[overload] = ours
+        _register_flat_call(overload)  # for code loaded from Inductor's cache, which skips the lowering
 
         def undo(overload=overload, ours=ours, previous=previous, before=before):
             if L.lowerings.get(overload) is ours:
@@ -406,12 +407,57 @@ def _make_lowering(overload: torch._ops.OpOverload, inner: Callable) -> Callable
     names = [a.name for a in overload._schema.arguments]
 
     def lowering(*args, **kwargs):
+        from torch._inductor.virtualized import V
+
         _realize_tagged(op, names, args, kwargs)
-        return inner(*args, **kwargs)
+        operations = V.graph.operations
+        before = len(operations)
+        result = inner(*args, **kwargs)
+        _call_from_c(overload, operations[before:])
+        return result
 
     lowering._opforge_symm_mem = op  # marks opforge's lowering; tests and uninstall() look for it
     lowering.__name__ = f"symm_mem_lowering[{op}]"
     return lowering
+
+
+def flat_call_name(overload: torch._ops.OpOverload) -> str:
+    """The name under `extern_kernels` of the op's `_C.FlatCall` in the code
+    Inductor emits: 'opforge__kernels__all_reduce__default'."""
+    return f"opforge__{overload._schema.name.replace('::', '__')}__{overload._overloadname}"
+
+
+def _register_flat_call(overload: torch._ops.OpOverload) -> str:
+    """Registers the op's `_C.FlatCall` under `extern_kernels` (the namespace
+    Inductor's Python wrapper imports for its own external kernels) and
+    returns its name. It stays registered: code compiled earlier keeps it."""
+    from torch._inductor.select_algorithm import extern_kernels
+
+    name = flat_call_name(overload)
+    current = getattr(extern_kernels, name, None)
+    if not isinstance(current, _C.FlatCall) or current.overload is not overload:
+        setattr(extern_kernels, name, _C.FlatCall(overload))
+    return name
+
+
+def _call_from_c(overload: torch._ops.OpOverload, operations) -> None:
+    """Has the Python wrapper Inductor emits call the op's FallbackKernels
+    through `_C.FlatCall` (the dispatcher from C) instead of
+    `torch.ops.ns.op.overload` (pybind's argument packing and a Python frame:
+    about 1.2 µs a call on a 2-core CPU host, docs/symm_mem.md#the-compiled-steps-eager-time).
+    The emitted name falls back to torch's op where the call is not
+    registered: code loaded from Inductor's cache into a process where the op
+    is no longer tagged. The C++ and FX wrappers keep torch's call."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    if V.graph.cpp_wrapper or getattr(V.graph, "fx_wrapper", False):
+        return
+    name = _register_flat_call(overload)
+    fallback = f"torch.ops.{overload._schema.name.replace('::', '.')}.{overload._overloadname}"
+    for node in operations:
+        if isinstance(node, ir.FallbackKernel) and node.op_overload is overload:
+            node.python_kernel_name = f"(getattr(extern_kernels, {name!r}, None) or {fallback})"
 
 
 def _realize_tagged(op: str, names: list[str], args: tuple, kwargs: dict) -> None:

@@ -432,9 +432,60 @@ def test_the_lowering_passes_cpu_tensors_through(defined, lowering_path, caplog)
     caplog.set_level(logging.DEBUG, logger="opforge.symm_mem")
     out, code = compile_and_code(lambda t: op(t * 2 + 1, "sum", "0"), torch.ones(4))
     assert torch.equal(out, torch.full((4,), 3.0))
-    assert f"torch.ops.{op.name.replace('::', '.')}.default(" in code
+    assert f"getattr(extern_kernels, '{symm_mem.flat_call_name(op.overload)}', None)" in code
     assert "empty_strided_p2p(" not in code
     assert f"{op.name}: argument 'input' is on cpu, where Inductor has no symmetric memory" in caplog.text
+
+
+def test_the_emitted_code_calls_the_op_from_c(defined, lowering_path):
+    from torch._inductor.select_algorithm import extern_kernels
+
+    op = all_reduce_op(defined)
+    declare(op, ["input"])
+    calls = []
+    op.register_kernel("cpu")(lambda input, reduce_op, group_name: calls.append(group_name) or input * 3)
+    out, code = compile_and_code(lambda t: op(t + 1, "sum", group_name="7"), torch.ones(4))
+    assert torch.equal(out, torch.full((4,), 6.0)) and calls == ["7"]
+    name = symm_mem.flat_call_name(op.overload)
+    assert name == f"opforge__{op.name.replace('::', '__')}__default"
+    call = f"(getattr(extern_kernels, '{name}', None) or torch.ops.{op.name.replace('::', '.')}.default)"
+    assert re.search(rf"= {re.escape(call)}\(buf\d+, 'sum', '7'\)", code), code
+    flat = getattr(extern_kernels, name)
+    assert isinstance(flat, _C.FlatCall) and flat.overload is op.overload
+    symm_mem.forget(op.name)  # code compiled before keeps its call
+    assert getattr(extern_kernels, name) is flat
+
+
+def test_a_cached_graph_finds_the_call_in_a_fresh_process(tmp_path):
+    # Later processes load the first one's code from Inductor's cache, which
+    # skips the lowering: the call is registered all the same, and a process
+    # where the op is not tagged (so nothing registers it) calls torch's op.
+    script = """
+        import os, sys, torch, opforge
+        from opforge import symm_mem
+        from torch._dynamo.utils import counters
+        from torch._inductor.select_algorithm import extern_kernels
+        symm_mem.set_mode("lowering")
+        tagged = ("input",) if sys.argv[1] == "tagged" else ()
+
+        @opforge.op("cached::ar", symm_mem_args=tagged, fake=lambda input, reduce_op, group_name: input.clone())
+        def ar(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
+            return input * 2
+
+        out = torch.compile(lambda t: ar(t + 1, "sum", "0"), fullgraph=True)(torch.ones(3))
+        print(out.tolist(), counters["inductor"]["fxgraph_cache_hit"],
+              hasattr(extern_kernels, "opforge__cached__ar__default"))
+    """
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+    outs = []
+    for how in ("tagged", "tagged", "untagged"):
+        run = subprocess.run([sys.executable, "-c", textwrap.dedent(script), how], capture_output=True, text=True,
+                             timeout=300, cwd=ROOT, env=env)
+        assert run.returncode == 0, run.stderr
+        outs.append(run.stdout.strip())
+    assert outs == ["[4.0, 4.0, 4.0] 0 True", "[4.0, 4.0, 4.0] 1 True", "[4.0, 4.0, 4.0] 1 False"]
+    code = "".join(p.read_text() for p in tmp_path.rglob("*.py"))
+    assert "getattr(extern_kernels, 'opforge__cached__ar__default', None)" in code
 
 
 # Inductor realizes the tagged producer as a symmetric comm buffer

@@ -181,6 +181,21 @@ c10::IValue LeafIValue(const LeafRule& rule, const c10::Argument& arg, PyObject*
   return torch::jit::toIValue(py::handle(obj), arg.real_type(), arg.N());
 }
 
+bool DispatcherValue(const LeafRule& rule, const c10::Argument& arg, PyObject* obj, c10::IValue& out) {
+  const bool exact = obj == Py_None ? rule.optional
+                     : rule.kind == Kind::kTensor ? THPVariable_CheckExact(obj)
+                     : rule.kind == Kind::kInt    ? IsExactInt64(obj)
+                     : rule.kind == Kind::kFloat  ? PyFloat_CheckExact(obj)
+                                                  : rule.kind == Kind::kBool && PyBool_Check(obj);
+  try {
+    out = exact ? LeafIValue(rule, arg, obj) : torch::jit::toIValue(py::handle(obj), arg.real_type(), arg.N());
+    return true;
+  } catch (...) {
+    PyErr_Clear();
+    return false;
+  }
+}
+
 std::string TypeName(PyObject* obj) {
   if (obj == Py_None) return "None";
   return Py_TYPE(obj)->tp_name;

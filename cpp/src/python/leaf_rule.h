@@ -69,6 +69,11 @@ PyObject* Present(const LeafRule& rule, const c10::IValue& value);
 // A converted leaf as the dispatcher takes it.
 c10::IValue LeafIValue(const LeafRule& rule, const c10::Argument& arg, PyObject* obj);
 
+// `obj` as the dispatcher takes it for argument `arg`, converted as torch.ops
+// converts it (toIValue), exact tensors, ints, floats, bools and None taken
+// directly; false (no Python error) where torch rejects it.
+bool DispatcherValue(const LeafRule& rule, const c10::Argument& arg, PyObject* obj, c10::IValue& out);
+
 // For messages: "None", "int", "Cfg(scale=2.0) ..." (type and a short repr),
 // and a class's qualified name.
 std::string TypeName(PyObject* obj);

@@ -1,6 +1,7 @@
 // OpBase, the C part of every opforge op (op_object.h): its eager call
 // binds and converts the arguments with the op's Boundary, then takes one
-// route, chosen once per call by ChooseRoute.
+// route, chosen once per call by ChooseRoute. FlatCall, an op's flat call
+// from C for the code Inductor emits.
 #include "python/op_object.h"
 
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -21,6 +22,7 @@
 
 #include "python/autograd.h"
 #include "python/boundary.h"
+#include "python/leaf_rule.h"
 #include "torch/autograd_kernels.h"
 
 namespace py = pybind11;
@@ -481,12 +483,182 @@ void InstallFastCall(py::handle cls) {
   PyType_Modified(type);
 }
 
+// _C.FlatCall(overload): an op's flat call, as `overload(*args, **kwargs)`
+// makes it, for the code Inductor emits around an op (opforge.symm_mem): the
+// arguments convert as torch.ops converts them (toIValue against the
+// schema) and the dispatcher is called from C, without pybind's argument
+// packing and the OpOverload's Python frame. A call this path cannot take as
+// torch.ops would (a tensor subclass, a torch function mode, an argument
+// that does not convert, a name the schema lacks) goes to `overload`, so its
+// result or error is torch's.
+struct FlatCallObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* overload;
+  c10::OperatorHandle* op;
+  std::vector<LeafRule>* rules;  // per argument of the schema it was made for
+};
+
+// Whether torch.ops could route `obj` through __torch_function__ (a tensor
+// subclass, alone or in a list).
+bool MayOverride(PyObject* obj) {
+  if (THPVariable_Check(obj)) return !THPVariable_CheckExact(obj);
+  if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      PyObject* item = PySequence_Fast_ITEMS(obj)[i];
+      if (THPVariable_Check(item) && !THPVariable_CheckExact(item)) return true;
+    }
+  }
+  return false;
+}
+
+// The dispatcher stack of one call, or false where torch.ops must take it.
+bool FlatStack(const c10::FunctionSchema& schema, const std::vector<LeafRule>& rules, PyObject* const* args,
+               Py_ssize_t nargs, PyObject* kwnames, std::vector<c10::IValue>& stack) {
+  const auto& arguments = schema.arguments();
+  const size_t n = arguments.size();
+  if (static_cast<size_t>(nargs) > n || rules.size() != n) return false;
+  constexpr size_t kSmall = 16;
+  PyObject* small[kSmall] = {};
+  std::vector<PyObject*> big;
+  PyObject** values = n > kSmall ? (big.assign(n, nullptr), big.data()) : small;
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    if (arguments[i].kwarg_only()) return false;
+    values[i] = args[i];
+  }
+  const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    const char* name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+    if (name == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    size_t i = static_cast<size_t>(nargs);
+    while (i < n && arguments[i].name() != name) ++i;
+    if (i == n || values[i] != nullptr) return false;
+    values[i] = args[nargs + k];
+  }
+  stack.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (values[i] == nullptr) {
+      if (!arguments[i].default_value()) return false;
+      stack.push_back(*arguments[i].default_value());
+    } else if (MayOverride(values[i]) || !DispatcherValue(rules[i], arguments[i], values[i], stack.emplace_back())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+PyObject* FlatCallCall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* f = reinterpret_cast<FlatCallObject*>(self);
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  try {
+    std::vector<c10::IValue> stack;
+    if (at::impl::torch_function_mode_enabled() || !f->op->hasSchema() ||
+        !FlatStack(f->op->schema(), *f->rules, args, nargs, kwnames, stack)) {
+      return PyObject_Vectorcall(f->overload, args, nargsf, kwnames);
+    }
+    {
+      py::gil_scoped_release no_gil;
+      f->op->callBoxed(stack);
+    }
+    return torch::jit::createPyObjectForStack(std::move(stack)).release().ptr();
+  } catch (...) {
+    RaiseCppError();
+  }
+  return nullptr;
+}
+
+PyObject* FlatCallNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject* overload;
+  static const char* kKeywords[] = {"overload", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O:FlatCall", const_cast<char**>(kKeywords), &overload)) {
+    return nullptr;
+  }
+  std::string name, overload_name;
+  try {
+    py::object schema = py::handle(overload).attr("_schema");
+    name = schema.attr("name").cast<std::string>();
+    overload_name = schema.attr("overload_name").cast<std::string>();
+  } catch (py::error_already_set& e) {
+    PyErr_Format(PyExc_TypeError, "FlatCall takes an OpOverload (torch.ops.ns.op.overload), not %R", overload);
+    return nullptr;
+  }
+  auto handle = c10::Dispatcher::singleton().findSchema({name, overload_name});
+  if (!handle) {
+    PyErr_Format(PyExc_LookupError, "%s.%s is not registered with torch's dispatcher", name.c_str(),
+                 overload_name.empty() ? "default" : overload_name.c_str());
+    return nullptr;
+  }
+  auto* f = reinterpret_cast<FlatCallObject*>(type->tp_alloc(type, 0));
+  if (f == nullptr) return nullptr;
+  f->vectorcall = FlatCallCall;
+  f->overload = Py_NewRef(overload);
+  f->op = new c10::OperatorHandle(*handle);
+  f->rules = new std::vector<LeafRule>();
+  for (const auto& arg : handle->schema().arguments()) f->rules->push_back(MakeRule(arg.real_type(), arg.N()));
+  return reinterpret_cast<PyObject*>(f);
+}
+
+int FlatCallTraverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(reinterpret_cast<FlatCallObject*>(self)->overload);
+  return 0;
+}
+
+int FlatCallClear(PyObject* self) {
+  Py_CLEAR(reinterpret_cast<FlatCallObject*>(self)->overload);
+  return 0;
+}
+
+void FlatCallDealloc(PyObject* self) {
+  auto* f = reinterpret_cast<FlatCallObject*>(self);
+  PyObject_GC_UnTrack(self);
+  FlatCallClear(self);
+  delete f->op;
+  delete f->rules;
+  Py_TYPE(self)->tp_free(self);
+}
+
+PyObject* FlatCallRepr(PyObject* self) {
+  return PyUnicode_FromFormat("<opforge FlatCall %R>", reinterpret_cast<FlatCallObject*>(self)->overload);
+}
+
+PyObject* FlatCallOverload(PyObject* self, void*) {
+  PyObject* overload = reinterpret_cast<FlatCallObject*>(self)->overload;
+  return Py_NewRef(overload != nullptr ? overload : Py_None);
+}
+
+PyGetSetDef kFlatCallGetSet[] = {{"overload", FlatCallOverload, nullptr, "the OpOverload it calls", nullptr},
+                                 {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject FlatCallType = [] {
+  PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+  t.tp_name = "opforge._C.FlatCall";
+  t.tp_basicsize = sizeof(FlatCallObject);
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  t.tp_doc = "FlatCall(overload): overload(*args, **kwargs), with the dispatcher called from C.";
+  t.tp_new = FlatCallNew;
+  t.tp_dealloc = FlatCallDealloc;
+  t.tp_traverse = FlatCallTraverse;
+  t.tp_clear = FlatCallClear;
+  t.tp_repr = FlatCallRepr;
+  t.tp_call = PyVectorcall_Call;
+  t.tp_vectorcall_offset = offsetof(FlatCallObject, vectorcall);
+  t.tp_getset = kFlatCallGetSet;
+  return t;
+}();
+
 }  // namespace
 
 void InitOpObject(py::module_& m) {
   if (PyType_Ready(&OpType) < 0) throw py::error_already_set();
   Py_INCREF(&OpType);
   m.add_object("OpBase", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&OpType)));
+  if (PyType_Ready(&FlatCallType) < 0) throw py::error_already_set();
+  Py_INCREF(&FlatCallType);
+  m.add_object("FlatCall", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&FlatCallType)));
   m.def("install_fast_call", &InstallFastCall, py::arg("cls"),
         "Makes eager calls of instances of `cls` (an OpBase subclass) take the C entry.");
   m.def("set_fast_path_enabled", [](bool enabled) { return std::exchange(g_enabled, enabled); }, py::arg("enabled"),

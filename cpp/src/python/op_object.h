@@ -20,7 +20,7 @@ namespace opforge {
 // -1 dispatcher path, 0 run the body, 1 a gradient is needed.
 int FastPathMode(PyObject* const* tensors, size_t n, c10::DeviceType* device);
 
-// _C.OpBase, _C.install_fast_call, _C.set_fast_path_enabled.
+// _C.OpBase, _C.FlatCall, _C.install_fast_call, _C.set_fast_path_enabled.
 void InitOpObject(pybind11::module_& m);
 
 }  // namespace opforge
