@@ -35,14 +35,20 @@ captured in one graph, replayed, divided); tables show the slowest rank.
 The steps' eager figures are the medians of --rounds rounds, each timing
 every step once in a rotating order, and the opforge step's ratios to the
 baselines are the medians of the rounds' ratios, with quartiles, per rank.
+The steps (and --parts) also get a host figure, the CPU's time per call
+alone: bursts of --host-calls calls timed without waiting for the GPU, few
+enough that the launch queue never fills and the other rank's pace (which
+an eager figure includes, through the all-reduce's wait for its peers)
+never holds this rank back.
 Every result is checked against NCCL's on every rank (float32 to within
 torch.testing's float32 tolerances, bfloat16 to within its bfloat16 ones,
 both scaled for a sum of N terms).
 
 --parts times, eagerly, each call the compiled opforge step's wrapper makes
 around the all-reduce (the symmetric buffer's allocation, the op as the
-wrapper calls it, its output asserts), the op through opforge.ops, torch's
-op of the same path called directly, and the op compiled alone.
+wrapper calls it, _C.FlatCall, and through torch.ops as it did before, its
+output asserts), the op through opforge.ops, torch's op of the same path
+called directly, and the op compiled alone.
 
 --profile DIR writes torch.profiler traces (CPU and CUDA) of --profile-steps
 compiled opforge steps and as many matmuls-only steps on rank 0, and prints
@@ -70,6 +76,7 @@ DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16
 TOLERANCES = {"float32": (1.3e-6, 1e-5), "bfloat16": (1.6e-2, 1e-5)}
 SWEEP_METHODS = ("opforge", "one-shot", "two-shot_", "two-shot out", "nccl", "funcol")
 STEPS = ("opforge", "nccl", "matmuls", "matmuls + direct", "all-reduce alone")
+TORCH_OPS_STEP = "opforge, op called through torch.ops"  # --ab-torch-ops
 NEVER = 2**63 - 1  # kernels::all_reduce_two_shot_min_bytes where torch has no two-shot kernel
 
 
@@ -133,8 +140,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=200, help="eager calls per figure (fewer above 8 MB)")
     p.add_argument("--rounds", type=int, default=15,
                    help="rounds of the TP step's eager figures, each timing every step once (median)")
+    p.add_argument("--host-calls", type=int, default=16,
+                   help="calls per burst of the host (CPU) figure, launched without waiting for the GPU")
     p.add_argument("--graph-calls", type=int, default=50, help="calls captured per CUDA graph (fewer above 4 MB)")
     p.add_argument("--replays", type=int, default=20, help="replays of each CUDA graph")
+    p.add_argument("--ab-torch-ops", action="store_true",
+                   help=f"add the step '{TORCH_OPS_STEP}': compiled with the wrapper calling the op as "
+                        "torch.ops.kernels.all_reduce.default, as before opforge's lowering emitted _C.FlatCall")
     p.add_argument("--parts", action="store_true",
                    help="also time, eagerly, each call the compiled opforge step makes around its all-reduce")
     p.add_argument("--profile", metavar="DIR", help="write profiler traces of the TP step on rank 0 to DIR")
@@ -245,6 +257,21 @@ class Rank:
             fn()
         torch.cuda.synchronize()
         return (time.perf_counter() - start) / iters * 1e6
+
+    def host_us(self, fn, nbytes: int) -> float:
+        """CPU µs per call: --host-calls calls launched back to back and timed
+        without waiting for the GPU (few enough that the launch queue never
+        fills and the other rank's pace never holds this one back), the
+        median of 5 such bursts, each after both ranks' GPUs are idle."""
+        samples = []
+        for _ in range(5):
+            self.aligned()
+            start = time.perf_counter()
+            for _ in range(self.args.host_calls):
+                fn()
+            samples.append((time.perf_counter() - start) / self.args.host_calls * 1e6)
+        self.aligned()
+        return statistics.median(samples)
 
     def graph_us(self, fn, nbytes: int) -> float:
         import torch
@@ -394,10 +421,24 @@ def tp_steps(r: Rank) -> tuple[list[dict], list[dict]]:
             "matmuls": torch.compile(partial, fullgraph=True),
             "matmuls + direct": by_hand,
         }
+        if r.args.ab_torch_ops:
+            def step_torch_ops(x):  # its own code object: a compile of its own
+                return all_reduce(partial(x), cfg, group, world, threshold)
+
+            from unittest import mock
+
+            from torch._inductor.utils import fresh_cache
+
+            from opforge import symm_mem
+
+            steps[TORCH_OPS_STEP] = torch.compile(step_torch_ops, fullgraph=True)
+            # Compiled without the FlatCall, in a cache of its own: the opforge step's graph is the same.
+            with mock.patch.object(symm_mem, "_call_from_c", lambda *_: None), fresh_cache():
+                steps[TORCH_OPS_STEP](x)
         outs = {name: fn(x) for name, fn in steps.items()}  # compiles
         want, amax = r.reference(outs["matmuls"])
         label = f"TP step {dtype_text} tokens {tokens}"
-        for name in ("opforge", "nccl", "matmuls + direct"):
+        for name in ("opforge", "nccl", "matmuls + direct", *([TORCH_OPS_STEP] if r.args.ab_torch_ops else [])):
             r.check(f"{label}: {name}", outs[name], want, dtype_text, amax)
         row = {"tokens": tokens, "hidden": hidden, "dtype": dtype_text, "bytes": nbytes, "path": path, "times": {}}
         for name, fn in steps.items():
@@ -406,9 +447,10 @@ def tp_steps(r: Rank) -> tuple[list[dict], list[dict]]:
         row["times"]["all-reduce alone"] = r.time(f"{label}: all-reduce alone", direct, nbytes, modes=("graph",))
         fns = {name: (lambda fn=fn: fn(x)) for name, fn in steps.items()}
         fns["all-reduce alone"] = direct
-        eager, step_ratios = interleaved(r, label, fns, nbytes)
+        eager, host, step_ratios = interleaved(r, label, fns, nbytes)
         for name, value in eager.items():
             row["times"][name]["eager"] = value
+            row["times"][name]["host"] = host[name]
         row["eager_ratios"] = step_ratios
         rows.append(row)
         if r.args.profile:
@@ -418,31 +460,38 @@ def tp_steps(r: Rank) -> tuple[list[dict], list[dict]]:
     return rows, profiles
 
 
-def interleaved(r: Rank, label: str, fns: dict, nbytes: int) -> tuple[dict, dict]:
-    """Eager-launch µs of each step, the median of --rounds rounds that each
-    time every step once (--iters calls) in an order that rotates, so that
-    drift on the host (clocks, the other rank's process) falls on all steps
-    alike; and the opforge step's ratios to the baselines, the median of the
-    rounds' ratios with quartiles."""
+def interleaved(r: Rank, label: str, fns: dict, nbytes: int) -> tuple[dict, dict, dict]:
+    """Eager-launch µs and host (CPU) µs of each step, each the median of
+    --rounds rounds that time every step once in an order that rotates, so
+    that drift on the host (clocks, the other rank's process) falls on all
+    steps alike; and the opforge step's ratios to the baselines, the median
+    of the rounds' ratios with quartiles ('... (host)' for the CPU's)."""
     names = list(fns)
     per_round = {name: [] for name in names}
+    per_round_host = {name: [] for name in names}
     for k in range(r.args.rounds):
         for name in names[k % len(names):] + names[:k % len(names)]:
             try:
                 per_round[name].append(r.eager_us(fns[name], nbytes))
+                per_round_host[name].append(r.host_us(fns[name], nbytes))
             except Exception as e:  # noqa: BLE001 - one failed figure must not lose the others
                 r.errors.append({"what": f"{label}: {name} (eager)", "rank": r.rank,
                                  "error": f"{type(e).__name__}: {e}".splitlines()[0][:300]})
-                per_round[name] = []
+                per_round[name], per_round_host[name] = [], []
                 names.remove(name)
-    eager = {name: statistics.median(v) if v else None for name, v in per_round.items()}
+
+    def medians(rounds):
+        return {name: statistics.median(v) if v else None for name, v in rounds.items()}
+
     ratios = {}
-    o, m, d, a = (per_round.get(n, []) for n in ("opforge", "matmuls", "matmuls + direct", "all-reduce alone"))
-    if o and d and len(o) == len(d):
-        ratios["opforge / (matmuls + direct)"] = quartiles([x / y for x, y in zip(o, d)])
-    if o and m and a and len(o) == len(m) == len(a):
-        ratios["opforge / (matmuls + all-reduce alone)"] = quartiles([x / (y + z) for x, y, z in zip(o, m, a)])
-    return eager, ratios
+    for suffix, rounds in (("", per_round), (" (host)", per_round_host)):
+        o, m, d, a = (rounds.get(n, []) for n in ("opforge", "matmuls", "matmuls + direct", "all-reduce alone"))
+        if o and d and len(o) == len(d):
+            ratios["opforge / (matmuls + direct)" + suffix] = quartiles([x / y for x, y in zip(o, d)])
+        if o and m and a and len(o) == len(m) == len(a):
+            ratios["opforge / (matmuls + all-reduce alone)" + suffix] = quartiles(
+                [x / (y + z) for x, y, z in zip(o, m, a)])
+    return medians(per_round), medians(per_round_host), ratios
 
 
 def parts(r: Rank) -> list[dict]:
@@ -454,9 +503,12 @@ def parts(r: Rank) -> list[dict]:
     from torch._C._dynamo.guards import assert_alignment, assert_size_stride
     from torch._C._distributed_c10d import _SymmetricMemory
 
+    from opforge import _C
+
     hidden, dtype = r.args.hidden, getattr(torch, r.args.step_dtype)
     all_reduce, cfg, group, world = r.kernels.all_reduce, r.cfg, r.group, r.world
     flat = torch.ops.kernels.all_reduce.default
+    flat_call = _C.FlatCall(flat)
     rows = []
     for tokens in r.args.tokens:
         shape, nbytes = (tokens, hidden), tokens * hidden * dtype.itemsize
@@ -470,9 +522,10 @@ def parts(r: Rank) -> list[dict]:
         fns = {
             "empty_strided_p2p (the step's buffer)": lambda: _SymmetricMemory.empty_strided_p2p(
                 shape, (hidden, 1), dtype, torch.device("cuda", r.rank), group_name=group, alloc_id=12345 + tokens),
-            "torch.ops.kernels.all_reduce.default, as the wrapper calls it": lambda: flat(
+            "_C.FlatCall of the op, as the wrapper calls it": lambda: flat_call(
                 sbuf, "sum", group, world, two_shot_min_bytes=-1),
-            "the same, positional": lambda: flat(sbuf, "sum", group, world, -1),
+            "torch.ops.kernels.all_reduce.default, as the wrapper called it before": lambda: flat(
+                sbuf, "sum", group, world, two_shot_min_bytes=-1),
             "opforge.ops.kernels.all_reduce (struct)": lambda: all_reduce(sbuf, cfg, group, world, -1),
             "torch's op of the same path, direct": lambda: direct(*direct_args),
             "assert_size_stride + assert_alignment": lambda: (
@@ -481,8 +534,8 @@ def parts(r: Rank) -> list[dict]:
         }
         for fn in fns.values():
             fn()  # compiles, allocates
-        eager, _ = interleaved(r, f"parts tokens {tokens}", fns, nbytes)
-        rows.append({"tokens": tokens, "bytes": nbytes, "path": r.path(nbytes), "times": eager})
+        eager, host, _ = interleaved(r, f"parts tokens {tokens}", fns, nbytes)
+        rows.append({"tokens": tokens, "bytes": nbytes, "path": r.path(nbytes), "times": eager, "host": host})
         del sbuf
     return rows
 
@@ -617,20 +670,22 @@ def render(meta: dict, reports: list[dict]) -> str:
 
         out += ["", f"## TP MLP step, {row['dtype']}, tokens {row['tokens']}, hidden {row['hidden']} "
                     f"(all-reduce of {size_label(row['bytes'])}B, {row['path']})", "",
-                "| step | eager | CUDA graph |", "|---|---:|---:|"]
+                "| step | eager | host (CPU) | CUDA graph |", "|---|---:|---:|---:|"]
         def summed(mode):
             a, b = get("matmuls", mode), get("all-reduce alone", mode)
             return None if a is None or b is None else a + b
 
-        for name in STEPS:
-            out.append(f"| {name} | {us(get(name, 'eager'))} | {us(get(name, 'graph'))} |")
-        out.append(f"| matmuls, plus all-reduce alone (the sum) | {us(summed('eager'))} | {us(summed('graph'))} |")
+        for name in STEPS + ((TORCH_OPS_STEP,) if TORCH_OPS_STEP in t else ()):
+            out.append(f"| {name} | {us(get(name, 'eager'))} | {us(get(name, 'host'))} | {us(get(name, 'graph'))} |")
+        out.append(f"| matmuls, plus all-reduce alone (the sum) | {us(summed('eager'))} | {us(summed('host'))} "
+                   f"| {us(summed('graph'))} |")
         out += [""]
         for what in ("opforge / (matmuls + direct)", "opforge / (matmuls + all-reduce alone)"):
-            per_rank = [rep["steps"][i].get("eager_ratios", {}).get(what) for rep in reports]
-            if all(per_rank):
-                out.append(f"- {what}, eager, median of {meta['rounds']} rounds' ratios [quartiles], per rank: "
-                           + "; ".join(f"{q[0]:.3f}x [{q[1]:.3f}-{q[2]:.3f}]" for q in per_rank))
+            for suffix, mode in (("", "eager"), (" (host)", "host (CPU)")):
+                per_rank = [rep["steps"][i].get("eager_ratios", {}).get(what + suffix) for rep in reports]
+                if all(per_rank):
+                    out.append(f"- {what}, {mode}, median of {meta['rounds']} rounds' ratios [quartiles], per "
+                               f"rank: " + "; ".join(f"{q[0]:.3f}x [{q[1]:.3f}-{q[2]:.3f}]" for q in per_rank))
         out += [f"- opforge step / (matmuls + direct all-reduce), eager: "
                 f"{ratio(get('opforge', 'eager'), get('matmuls + direct', 'eager'))}; "
                 f"graph: {ratio(get('opforge', 'graph'), get('matmuls + direct', 'graph'))}",
@@ -641,10 +696,12 @@ def render(meta: dict, reports: list[dict]) -> str:
     for i, row in enumerate(reports[0].get("parts", [])):
         out += ["", f"## pieces of the compiled step, eager, tokens {row['tokens']} ({size_label(row['bytes'])}B, "
                     f"{row['path']}), µs per call, per rank", "",
-                "| piece | " + " | ".join(f"rank {rep['rank']}" for rep in reports) + " |",
-                "|---|" + "---:|" * len(reports)]
+                "| piece | " + " | ".join(f"rank {rep['rank']} eager | host (CPU)" for rep in reports) + " |",
+                "|---|" + "---:|---:|" * len(reports)]
         for name in row["times"]:
-            out.append(f"| {name} | " + " | ".join(us(rep["parts"][i]["times"][name]) for rep in reports) + " |")
+            out.append(f"| {name} | " + " | ".join(
+                f"{us(rep['parts'][i]['times'][name])} | {us(rep['parts'][i].get('host', {}).get(name))}"
+                for rep in reports) + " |")
     checks = [c for rep in reports for c in rep["checks"]]
     ranks = sorted({c["rank"] for c in checks})
     bad = [c for c in checks if not c["ok"]]
