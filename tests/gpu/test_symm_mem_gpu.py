@@ -83,6 +83,7 @@ def test_compiled_producer_of_a_symm_mem_argument_is_a_symmetric_buffer(tmp_path
         assert r["p2p_count"] == 1, r["code"]
         assert f'group_name="{r["group_name"]}"' in r["p2p_line"]
         assert r["op_arg"] == r["p2p_buffer"], r["code"]
+        assert r["flat_call"] == (r["path"] == "lowering"), r["op_line"]
         assert r["producer_buffers"] == [r["p2p_buffer"]], r["code"]
         assert not r["copies"], r["code"]
 
@@ -344,10 +345,13 @@ def _inspect(code: str, op: str) -> dict:
         buf0 = empty_strided_p2p((8, 128), (128, 1), torch.float32, ..., group_name="0", alloc_id=...)
         triton_poi_fused_add_mul_0.run(arg0_1, buf0, 1024, stream=stream0)   # x * 2 + 1 written into it
         buf1 = torch.ops.opforge_gpu_test.all_reduce.default(buf0, 'sum', '0')
+
+    (opforge's lowering emits the op's _C.FlatCall, with torch's op as its fallback:
+    `buf1 = (getattr(extern_kernels, 'opforge__...', None) or torch.ops....default)(buf0, 'sum', '0')`.)
     """
     allocs = re.findall(r"^\s*((\w+) = empty_strided_p2p\(.*\))\s*$", code, re.M)
     p2p_line, p2p = allocs[0] if allocs else ("", "")
-    op_call = re.search(r"^\s*(.*torch\.ops\." + op.replace("::", r"\.") + r"\.default\((\w+).*)$", code, re.M)
+    op_call = re.search(r"^\s*(.*torch\.ops\." + op.replace("::", r"\.") + r"\.default\)?\((\w+).*)$", code, re.M)
     producer = re.search(r"^\s*(\w+\.run\(.*\b" + re.escape(p2p) + r"\b.*)$", code, re.M) if p2p else None
     producer_line = producer.group(1) if producer else ""
     call_args = producer_line[producer_line.find("(") + 1:]
@@ -357,6 +361,7 @@ def _inspect(code: str, op: str) -> dict:
         "p2p_buffer": p2p,
         "op_line": op_call.group(1) if op_call else "",
         "op_arg": op_call.group(2) if op_call else "",
+        "flat_call": bool(op_call) and "getattr(extern_kernels, 'opforge__" in op_call.group(1),
         "producer_line": producer_line,
         # Buffers the producing kernel writes besides the inputs: only the symmetric one.
         "producer_buffers": sorted(set(re.findall(r"\bbuf\d+\b", call_args))),
