@@ -149,6 +149,8 @@ def parser() -> argparse.ArgumentParser:
                         "torch.ops.kernels.all_reduce.default, as before opforge's lowering emitted _C.FlatCall")
     p.add_argument("--parts", action="store_true",
                    help="also time, eagerly, each call the compiled opforge step makes around its all-reduce")
+    p.add_argument("--wrapper", action="store_true",
+                   help="time the compiled step's Inductor wrapper alone and variants of it with one piece changed")
     p.add_argument("--profile", metavar="DIR", help="write profiler traces of the TP step on rank 0 to DIR")
     p.add_argument("--profile-steps", type=int, default=20)
     p.add_argument("--json", metavar="PATH", help="write every figure to PATH")
@@ -364,16 +366,12 @@ def sweep(r: Rank) -> list[dict]:
     return rows
 
 
-def tp_steps(r: Rank) -> tuple[list[dict], list[dict]]:
+def mlp(r: Rank):
+    """The TP MLP's shards on this rank: (first, partial, w1_shard, w2_shard,
+    generator), first(x) = gelu(x @ w1_shard), partial(x) = first(x) @ w2_shard."""
     import torch
-    import torch.distributed._functional_collectives as funcol
 
-    rows, profiles = [], []
-    all_reduce, cfg, group, world, threshold = r.kernels.all_reduce, r.cfg, r.group, r.world, r.args.two_shot_min_bytes
-    one_shot = torch.ops.symm_mem.one_shot_all_reduce.default
-    two_shot_out = torch.ops.symm_mem.two_shot_all_reduce_out.default
-    hidden, dtype_text = r.args.hidden, r.args.step_dtype
-    dtype = getattr(torch, dtype_text)
+    hidden, dtype = r.args.hidden, getattr(torch, r.args.step_dtype)
     if (4 * hidden) % r.world:
         raise SystemExit(f"--hidden {hidden}: 4 * hidden must split evenly over {r.world} ranks")
     shard = 4 * hidden // r.world
@@ -389,6 +387,21 @@ def tp_steps(r: Rank) -> tuple[list[dict], list[dict]]:
 
     def partial(x):
         return first(x) @ w2_shard
+
+    return first, partial, w1_shard, w2_shard, g
+
+
+def tp_steps(r: Rank) -> tuple[list[dict], list[dict]]:
+    import torch
+    import torch.distributed._functional_collectives as funcol
+
+    rows, profiles = [], []
+    all_reduce, cfg, group, world, threshold = r.kernels.all_reduce, r.cfg, r.group, r.world, r.args.two_shot_min_bytes
+    one_shot = torch.ops.symm_mem.one_shot_all_reduce.default
+    two_shot_out = torch.ops.symm_mem.two_shot_all_reduce_out.default
+    hidden, dtype_text = r.args.hidden, r.args.step_dtype
+    dtype = getattr(torch, dtype_text)
+    first, partial, w1_shard, w2_shard, g = mlp(r)
 
     for tokens in r.args.tokens:
         x = torch.randn(tokens, hidden, device=r.device, dtype=dtype, generator=g)
@@ -540,6 +553,65 @@ def parts(r: Rank) -> list[dict]:
     return rows
 
 
+def wrapper_variants(r: Rank) -> list[dict]:
+    """The compiled opforge step against its own Inductor wrapper (`call`,
+    what the compiled graph runs below Dynamo and AOTAutograd) and variants
+    of that wrapper's source with one piece changed, timed in place, for each
+    of --tokens: each piece's cost where the step pays it."""
+    import re
+
+    import torch
+    from torch._inductor.utils import run_and_get_code
+
+    all_reduce, cfg, group, world = r.kernels.all_reduce, r.cfg, r.group, r.world
+    hidden, dtype = r.args.hidden, getattr(torch, r.args.step_dtype)
+    first, partial, w1_shard, w2_shard, g = mlp(r)
+    rows = []
+    for tokens in r.args.tokens:
+        x = torch.randn(tokens, hidden, device=r.device, dtype=dtype, generator=g)
+        nbytes = tokens * hidden * dtype.itemsize
+        sbuf = r.symmetric((tokens, hidden), dtype)
+        torch._dynamo.reset()
+        steps = {"opforge": torch.compile(lambda x: all_reduce(partial(x), cfg, group, world, -1), fullgraph=True),
+                 "matmuls": torch.compile(lambda x: partial(x), fullgraph=True)}
+        sources = {}
+        for name, step in steps.items():
+            _, codes = run_and_get_code(step, x)
+            sources[name] = codes[-1]
+        src = sources["opforge"]
+        alloc = re.search(r"^(\s*)(\w+) = empty_strided_p2p\(.*$", src, re.M)
+        call = re.search(r"^(\s*)(\w+) = (.*kernels\.all_reduce\.default\)?)\((\w+), .*$", src, re.M)
+        direct = ("torch.ops.symm_mem.two_shot_all_reduce_out.default({b}, 'sum', {g!r}, torch.empty_like({b}))"
+                  if r.path(nbytes) == "two-shot" else "torch.ops.symm_mem.one_shot_all_reduce.default({b}, 'sum', {g!r})")
+        variants = {
+            "the wrapper's call() as compiled": src,
+            "call(), no output asserts": re.sub(r"^\s*assert_(size_stride|alignment)\(buf.*$\n", "", src, flags=re.M),
+            "call(), the symmetric buffer allocated once": src.replace(
+                alloc.group(0), f"{alloc.group(1)}{alloc.group(2)} = _bench_sbuf"),
+            "call(), torch's op called directly instead of opforge's": src.replace(
+                call.group(0), f"{call.group(1)}{call.group(2)} = " + direct.format(b=call.group(4), g=group)),
+            "call(), the op called through torch.ops": src.replace(
+                call.group(3), "torch.ops.kernels.all_reduce.default"),
+        }
+        fns = {"compiled opforge step (Dynamo, AOTAutograd, call())": lambda: steps["opforge"](x),
+               "compiled matmuls step": lambda: steps["matmuls"](x)}
+        order = {w1_shard.shape: w1_shard, w2_shard.shape: w2_shard, x.shape: x}
+        for label, (name, text) in [*((k, ("opforge", v)) for k, v in variants.items()),
+                                    ("the matmuls step's call()", ("matmuls", sources["matmuls"]))]:
+            module = {"__name__": f"bench_wrapper_{len(fns)}", "_bench_sbuf": sbuf}
+            exec(compile(text, f"<{label}>", "exec"), module)
+            shapes = [tuple(int(v) for v in m.split(",") if v.strip()) for m in
+                      re.findall(r"assert_size_stride\(arg\d+_1, \(([^)]*)\)", text)]
+            args = [order[torch.Size(shape)] for shape in shapes]
+            fns[label] = lambda c=module["call"], args=args: c(list(args))
+        for fn in fns.values():
+            fn()
+        eager, host, _ = interleaved(r, f"wrapper tokens {tokens}", fns, nbytes)
+        rows.append({"tokens": tokens, "bytes": nbytes, "path": r.path(nbytes), "times": eager, "host": host})
+        del sbuf
+    return rows
+
+
 def quartiles(values: list[float]) -> list[float]:
     """[median, first quartile, third quartile]"""
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
@@ -587,6 +659,8 @@ def rank_main(args) -> int:
         report["steps"], report["profiles"] = tp_steps(r)
     if args.parts:
         report["parts"] = parts(r)
+    if args.wrapper:
+        report["wrapper"] = wrapper_variants(r)
     report["checks"], report["errors"] = r.checks, r.errors
     reports = [None] * r.world if r.rank == 0 else None
     dist.gather_object(report, reports, dst=0)
@@ -632,6 +706,20 @@ def us(value) -> str:
 
 def ratio(a, b) -> str:
     return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}x"
+
+
+def render_parts(reports: list[dict], part: str, title: str) -> list[str]:
+    out = []
+    for i, row in enumerate(reports[0].get(part, [])):
+        out += ["", f"## {title}, eager, tokens {row['tokens']} ({size_label(row['bytes'])}B, {row['path']}), "
+                    f"µs per call, per rank", "",
+                "| piece | " + " | ".join(f"rank {rep['rank']} eager | host (CPU)" for rep in reports) + " |",
+                "|---|" + "---:|---:|" * len(reports)]
+        for name in row["times"]:
+            out.append(f"| {name} | " + " | ".join(
+                f"{us(rep[part][i]['times'][name])} | {us(rep[part][i].get('host', {}).get(name))}"
+                for rep in reports) + " |")
+    return out
 
 
 def render(meta: dict, reports: list[dict]) -> str:
@@ -693,15 +781,8 @@ def render(meta: dict, reports: list[dict]) -> str:
                 f"eager: {ratio(get('opforge', 'eager'), get('nccl', 'eager'))}",
                 f"- opforge step / symm_mem by hand (matmuls + direct), graph: "
                 f"{ratio(get('opforge', 'graph'), get('matmuls + direct', 'graph'))}"]
-    for i, row in enumerate(reports[0].get("parts", [])):
-        out += ["", f"## pieces of the compiled step, eager, tokens {row['tokens']} ({size_label(row['bytes'])}B, "
-                    f"{row['path']}), µs per call, per rank", "",
-                "| piece | " + " | ".join(f"rank {rep['rank']} eager | host (CPU)" for rep in reports) + " |",
-                "|---|" + "---:|---:|" * len(reports)]
-        for name in row["times"]:
-            out.append(f"| {name} | " + " | ".join(
-                f"{us(rep['parts'][i]['times'][name])} | {us(rep['parts'][i].get('host', {}).get(name))}"
-                for rep in reports) + " |")
+    for part, title in (("parts", "pieces of the compiled step"), ("wrapper", "the compiled step's wrapper")):
+        out += render_parts(reports, part, title)
     checks = [c for rep in reports for c in rep["checks"]]
     ranks = sorted({c["rank"] for c in checks})
     bad = [c for c in checks if not c["ok"]]
