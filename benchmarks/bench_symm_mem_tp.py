@@ -29,6 +29,11 @@ holding a column shard of w1 and a row shard of w2, for each of --tokens:
                      a symmetric buffer and torch's symm_mem op of the same
                      path as opforge's, called eagerly: the step by hand
   all-reduce alone   that direct op by itself
+  torch's own        compiled funcol.all_reduce with Inductor's
+                     _collective.auto_select (threshold raised to the
+                     message): torch's own lowering to symm_mem's one-shot op
+                     on a symmetric buffer it allocates, the codegen opforge's
+                     lowering gets (left out where this torch has no option)
 Every figure is timed twice: eager launches (the time per call of many calls,
 torch.cuda.synchronize at both ends) and a CUDA graph (--graph-calls calls
 captured in one graph, replayed, divided); tables show the slowest rank.
@@ -49,6 +54,12 @@ around the all-reduce (the symmetric buffer's allocation, the op as the
 wrapper calls it, _C.FlatCall, and through torch.ops as it did before, its
 output asserts), the op through opforge.ops, torch's op of the same path
 called directly, and the op compiled alone.
+
+--wrapper times the compiled opforge step against its own Inductor wrapper
+(`call`, what runs below Dynamo and AOTAutograd) and variants of the
+wrapper's source with one piece changed (no output asserts, the symmetric
+buffer allocated once, torch's op called directly, the op through
+torch.ops), each in place; and the matmuls step and its wrapper.
 
 --profile DIR writes torch.profiler traces (CPU and CUDA) of --profile-steps
 compiled opforge steps and as many matmuls-only steps on rank 0, and prints
@@ -77,6 +88,7 @@ TOLERANCES = {"float32": (1.3e-6, 1e-5), "bfloat16": (1.6e-2, 1e-5)}
 SWEEP_METHODS = ("opforge", "one-shot", "two-shot_", "two-shot out", "nccl", "funcol")
 STEPS = ("opforge", "nccl", "matmuls", "matmuls + direct", "all-reduce alone")
 TORCH_OPS_STEP = "opforge, op called through torch.ops"  # --ab-torch-ops
+TORCH_OWN_STEP = "torch's own: funcol compiled, lowered to one-shot symm-mem"
 NEVER = 2**63 - 1  # kernels::all_reduce_two_shot_min_bytes where torch has no two-shot kernel
 
 
@@ -448,10 +460,22 @@ def tp_steps(r: Rank) -> tuple[list[dict], list[dict]]:
             # Compiled without the FlatCall, in a cache of its own: the opforge step's graph is the same.
             with mock.patch.object(symm_mem, "_call_from_c", lambda *_: None), fresh_cache():
                 steps[TORCH_OPS_STEP](x)
+        own = torch_own_step(partial, group, nbytes)
+        if own is not None:
+            from torch._inductor.utils import run_and_get_code
+
+            compiled_own, first_call = own
+            _, codes = run_and_get_code(first_call, x)  # compiles under Inductor's option
+            if any("symm_mem.one_shot_all_reduce" in code and "empty_strided_p2p(" in code for code in codes):
+                steps[TORCH_OWN_STEP] = compiled_own
+            else:
+                r.errors.append({"what": f"TP step tokens {tokens}: {TORCH_OWN_STEP}", "rank": r.rank,
+                                 "error": "Inductor did not lower funcol.all_reduce to symm-mem; step left out"})
         outs = {name: fn(x) for name, fn in steps.items()}  # compiles
         want, amax = r.reference(outs["matmuls"])
         label = f"TP step {dtype_text} tokens {tokens}"
-        for name in ("opforge", "nccl", "matmuls + direct", *([TORCH_OPS_STEP] if r.args.ab_torch_ops else [])):
+        extra = [n for n in (TORCH_OPS_STEP, TORCH_OWN_STEP) if n in outs]
+        for name in ("opforge", "nccl", "matmuls + direct", *extra):
             r.check(f"{label}: {name}", outs[name], want, dtype_text, amax)
         row = {"tokens": tokens, "hidden": hidden, "dtype": dtype_text, "bytes": nbytes, "path": path, "times": {}}
         for name, fn in steps.items():
@@ -471,6 +495,34 @@ def tp_steps(r: Rank) -> tuple[list[dict], list[dict]]:
                 profiles.append(profile_steps(r, f"{name}_tokens{tokens}", lambda fn=steps[name]: fn(x)))
         del sbuf
     return rows, profiles
+
+
+def torch_own_step(partial, group: str, nbytes: int):
+    """torch's own compiled symm-mem step: funcol.all_reduce compiled with
+    Inductor's `_collective.auto_select`, which lowers it to symm_mem's
+    one-shot op on a symmetric buffer Inductor allocates (the same codegen
+    opforge's lowering gets); its threshold raised to the message. Compiled
+    here, under that config; None where this torch has no such option."""
+    import torch
+    import torch.distributed._functional_collectives as funcol
+    from torch._inductor import config as inductor_config
+
+    if not hasattr(getattr(inductor_config, "_collective", None), "auto_select"):
+        return None
+
+    def step_torch_own(x):  # its own code object: a compile of its own
+        return funcol.all_reduce(partial(x), "sum", group)
+
+    compiled = torch.compile(step_torch_own, fullgraph=True)
+    patch = {"_collective.auto_select": True, "_collective.one_shot_all_reduce_threshold_bytes": max(nbytes, 1 << 17)}
+
+    def first_call(x):
+        from torch._inductor.utils import fresh_cache
+
+        with inductor_config.patch(patch), fresh_cache():  # not the NCCL step's cache entry, nor it this one's
+            return compiled(x)
+
+    return compiled, first_call
 
 
 def interleaved(r: Rank, label: str, fns: dict, nbytes: int) -> tuple[dict, dict, dict]:
@@ -582,7 +634,8 @@ def wrapper_variants(r: Rank) -> list[dict]:
         alloc = re.search(r"^(\s*)(\w+) = empty_strided_p2p\(.*$", src, re.M)
         call = re.search(r"^(\s*)(\w+) = (.*kernels\.all_reduce\.default\)?)\((\w+), .*$", src, re.M)
         direct = ("torch.ops.symm_mem.two_shot_all_reduce_out.default({b}, 'sum', {g!r}, torch.empty_like({b}))"
-                  if r.path(nbytes) == "two-shot" else "torch.ops.symm_mem.one_shot_all_reduce.default({b}, 'sum', {g!r})")
+                  if r.path(nbytes) == "two-shot"
+                  else "torch.ops.symm_mem.one_shot_all_reduce.default({b}, 'sum', {g!r})")
         variants = {
             "the wrapper's call() as compiled": src,
             "call(), no output asserts": re.sub(r"^\s*assert_(size_stride|alignment)\(buf.*$\n", "", src, flags=re.M),
@@ -763,7 +816,7 @@ def render(meta: dict, reports: list[dict]) -> str:
             a, b = get("matmuls", mode), get("all-reduce alone", mode)
             return None if a is None or b is None else a + b
 
-        for name in STEPS + ((TORCH_OPS_STEP,) if TORCH_OPS_STEP in t else ()):
+        for name in STEPS + tuple(n for n in (TORCH_OWN_STEP, TORCH_OPS_STEP) if n in t):
             out.append(f"| {name} | {us(get(name, 'eager'))} | {us(get(name, 'host'))} | {us(get(name, 'graph'))} |")
         out.append(f"| matmuls, plus all-reduce alone (the sum) | {us(summed('eager'))} | {us(summed('host'))} "
                    f"| {us(summed('graph'))} |")
