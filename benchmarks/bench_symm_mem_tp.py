@@ -509,6 +509,15 @@ def torch_own_step(partial, group: str, nbytes: int):
 
     if not hasattr(getattr(inductor_config, "_collective", None), "auto_select"):
         return None
+    import warnings
+
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if not symm_mem.is_symm_mem_enabled_for_group(group):
+        # Inductor's lowering still asks for the group's registration, which torch calls deprecated.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            symm_mem.enable_symm_mem_for_group(group)
 
     def step_torch_own(x):  # its own code object: a compile of its own
         return funcol.all_reduce(partial(x), "sum", group)
