@@ -526,8 +526,14 @@ def torch_own_step(partial, group: str, nbytes: int):
     patch = {"_collective.auto_select": True, "_collective.one_shot_all_reduce_threshold_bytes": max(nbytes, 1 << 17)}
 
     def first_call(x):
+        import random
+
         from torch._inductor.utils import fresh_cache
 
+        # Inductor draws the symmetric buffer's alloc_id from Python's random state, which torch.compile
+        # restores after each compile: two compiles in a row would draw the same id for buffers of two
+        # sizes, and torch refuses the second ("a previous allocation with the same alloc_id").
+        random.seed(nbytes)
         with inductor_config.patch(patch), fresh_cache():  # not the NCCL step's cache entry, nor it this one's
             return compiled(x)
 
