@@ -473,8 +473,8 @@ def test_a_cached_graph_finds_the_call_in_a_fresh_process(tmp_path):
             return input * 2
 
         out = torch.compile(lambda t: ar(t + 1, "sum", "0"), fullgraph=True)(torch.ones(3))
-        print(out.tolist(), counters["inductor"]["fxgraph_cache_hit"],
-              hasattr(extern_kernels, "opforge__cached__ar__default"))
+        hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+        print(out.tolist(), min(hits, 1), hasattr(extern_kernels, "opforge__cached__ar__default"))
     """
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
     outs = []
