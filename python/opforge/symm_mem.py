@@ -423,8 +423,11 @@ def _make_lowering(overload: torch._ops.OpOverload, inner: Callable) -> Callable
 
 def flat_call_name(overload: torch._ops.OpOverload) -> str:
     """The name under `extern_kernels` of the op's `_C.FlatCall` in the code
-    Inductor emits: 'opforge__kernels__all_reduce__default'."""
-    return f"opforge__{overload._schema.name.replace('::', '__')}__{overload._overloadname}"
+    Inductor emits: 'opforge_7_kernels_10_all_reduce_default'. The lengths
+    keep two ops apart whose names differ only in where '_' falls
+    ('a__b::c' and 'a::b__c')."""
+    ns, name = overload._schema.name.split("::")
+    return f"opforge_{len(ns)}_{ns}_{len(name)}_{name}_{overload._overloadname}"
 
 
 def _register_flat_call(overload: torch._ops.OpOverload) -> str:

@@ -347,7 +347,7 @@ def _inspect(code: str, op: str) -> dict:
         buf1 = torch.ops.opforge_gpu_test.all_reduce.default(buf0, 'sum', '0')
 
     (opforge's lowering emits the op's _C.FlatCall, with torch's op as its fallback:
-    `buf1 = (getattr(extern_kernels, 'opforge__...', None) or torch.ops....default)(buf0, 'sum', '0')`.)
+    `buf1 = (getattr(extern_kernels, 'opforge_...', None) or torch.ops....default)(buf0, 'sum', '0')`.)
     """
     allocs = re.findall(r"^\s*((\w+) = empty_strided_p2p\(.*\))\s*$", code, re.M)
     p2p_line, p2p = allocs[0] if allocs else ("", "")
@@ -361,7 +361,7 @@ def _inspect(code: str, op: str) -> dict:
         "p2p_buffer": p2p,
         "op_line": op_call.group(1) if op_call else "",
         "op_arg": op_call.group(2) if op_call else "",
-        "flat_call": bool(op_call) and "getattr(extern_kernels, 'opforge__" in op_call.group(1),
+        "flat_call": bool(op_call) and "getattr(extern_kernels, 'opforge_" in op_call.group(1),
         "producer_line": producer_line,
         # Buffers the producing kernel writes besides the inputs: only the symmetric one.
         "producer_buffers": sorted(set(re.findall(r"\bbuf\d+\b", call_args))),

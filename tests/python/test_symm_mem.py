@@ -447,13 +447,28 @@ def test_the_emitted_code_calls_the_op_from_c(defined, lowering_path):
     out, code = compile_and_code(lambda t: op(t + 1, "sum", group_name="7"), torch.ones(4))
     assert torch.equal(out, torch.full((4,), 6.0)) and calls == ["7"]
     name = symm_mem.flat_call_name(op.overload)
-    assert name == f"opforge__{op.name.replace('::', '__')}__default"
+    ns, short = op.name.split("::")
+    assert name == f"opforge_{len(ns)}_{ns}_{len(short)}_{short}_default"
     call = f"(getattr(extern_kernels, '{name}', None) or torch.ops.{op.name.replace('::', '.')}.default)"
     assert re.search(rf"= {re.escape(call)}\(buf\d+, 'sum', '7'\)", code), code
     flat = getattr(extern_kernels, name)
     assert isinstance(flat, _C.FlatCall) and flat.overload is op.overload
     symm_mem.forget(op.name)  # code compiled before keeps its call
     assert getattr(extern_kernels, name) is flat
+
+
+def test_ops_whose_names_differ_only_in_underscores_get_calls_of_their_own():
+    a = torch.library.Library("fc_a__b", "FRAGMENT")
+    b = torch.library.Library("fc_a", "FRAGMENT")
+    try:
+        a.define("c(Tensor x) -> Tensor")
+        b.define("b__c(Tensor x) -> Tensor")
+        first, second = torch.ops.fc_a__b.c.default, torch.ops.fc_a.b__c.default
+        names = {symm_mem.flat_call_name(first), symm_mem.flat_call_name(second)}
+        assert names == {"opforge_7_fc_a__b_1_c_default", "opforge_4_fc_a_4_b__c_default"}
+    finally:
+        a._destroy()
+        b._destroy()
 
 
 def test_a_cached_graph_finds_the_call_in_a_fresh_process(tmp_path):
@@ -474,7 +489,7 @@ def test_a_cached_graph_finds_the_call_in_a_fresh_process(tmp_path):
 
         out = torch.compile(lambda t: ar(t + 1, "sum", "0"), fullgraph=True)(torch.ones(3))
         hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
-        print(out.tolist(), min(hits, 1), hasattr(extern_kernels, "opforge__cached__ar__default"))
+        print(out.tolist(), min(hits, 1), hasattr(extern_kernels, "opforge_6_cached_2_ar_default"))
     """
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
     outs = []
@@ -485,7 +500,7 @@ def test_a_cached_graph_finds_the_call_in_a_fresh_process(tmp_path):
         outs.append(run.stdout.strip())
     assert outs == ["[4.0, 4.0, 4.0] 0 True", "[4.0, 4.0, 4.0] 1 True", "[4.0, 4.0, 4.0] 1 False"]
     code = "".join(p.read_text() for p in tmp_path.rglob("*.py"))
-    assert "getattr(extern_kernels, 'opforge__cached__ar__default', None)" in code
+    assert "getattr(extern_kernels, 'opforge_6_cached_2_ar_default', None)" in code
 
 
 # Inductor realizes the tagged producer as a symmetric comm buffer
