@@ -222,16 +222,22 @@ void RaiseCppError() {
   }
 }
 
+// The dispatcher's call of `op` on `stack`, from C, as torch.ops makes it
+// (the GIL released while it runs): its returns as Python objects.
+py::object CallBoxed(const c10::OperatorHandle& op, std::vector<c10::IValue>& stack) {
+  {
+    py::gil_scoped_release no_gil;
+    op.callBoxed(stack);
+  }
+  return torch::jit::createPyObjectForStack(std::move(stack));
+}
+
 // A C++ op's call through the dispatcher, from C.
 PyObject* CallDispatcher(OpObject* op, PyObject* const* converted) {
   std::vector<c10::IValue> stack;
   if (!op->boundary->Flatten(converted, stack)) return nullptr;
   try {
-    {
-      py::gil_scoped_release no_gil;
-      op->dispatcher_op->callBoxed(stack);
-    }
-    py::object out = torch::jit::createPyObjectForStack(std::move(stack));
+    py::object out = CallBoxed(*op->dispatcher_op, stack);
     if (op->rebuild_output == nullptr) return out.release().ptr();
     return PyObject_CallOneArg(op->rebuild_output, out.ptr());
   } catch (...) {
@@ -560,11 +566,7 @@ PyObject* FlatCallCall(PyObject* self, PyObject* const* args, size_t nargsf, PyO
         !FlatStack(f->op->schema(), *f->rules, args, nargs, kwnames, stack)) {
       return PyObject_Vectorcall(f->overload, args, nargsf, kwnames);
     }
-    {
-      py::gil_scoped_release no_gil;
-      f->op->callBoxed(stack);
-    }
-    return torch::jit::createPyObjectForStack(std::move(stack)).release().ptr();
+    return CallBoxed(*f->op, stack).release().ptr();
   } catch (...) {
     RaiseCppError();
   }
