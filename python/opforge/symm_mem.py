@@ -376,7 +376,8 @@ def _install_lowerings(name: str, handling: _Handling) -> None:
             inner = L.lowerings[overload]
         ours = _make_lowering(overload, inner)
         L.lowerings[overload] = ours
-        _register_flat_call(overload)  # for code loaded from Inductor's cache, which skips the lowering
+        # Also for code loaded from Inductor's cache, which skips the lowering.
+        _register_flat_call(overload)
 
         def undo(overload=overload, ours=ours, previous=previous, before=before):
             if L.lowerings.get(overload) is ours:
@@ -430,17 +431,17 @@ def flat_call_name(overload: torch._ops.OpOverload) -> str:
     return f"opforge_{len(ns)}_{ns}_{len(name)}_{name}_{overload._overloadname}"
 
 
-def _register_flat_call(overload: torch._ops.OpOverload) -> str:
+def _register_flat_call(overload: torch._ops.OpOverload) -> None:
     """Registers the op's `_C.FlatCall` under `extern_kernels` (the namespace
-    Inductor's Python wrapper imports for its own external kernels) and
-    returns its name. It stays registered: code compiled earlier keeps it."""
+    Inductor's Python wrapper imports for its own external kernels), as
+    `flat_call_name(overload)`. It stays registered: code compiled earlier
+    keeps it."""
     from torch._inductor.select_algorithm import extern_kernels
 
     name = flat_call_name(overload)
     current = getattr(extern_kernels, name, None)
     if not isinstance(current, _C.FlatCall) or current.overload is not overload:
         setattr(extern_kernels, name, _C.FlatCall(overload))
-    return name
 
 
 def _call_from_c(overload: torch._ops.OpOverload, operations) -> None:
@@ -456,11 +457,11 @@ def _call_from_c(overload: torch._ops.OpOverload, operations) -> None:
 
     if V.graph.cpp_wrapper or getattr(V.graph, "fx_wrapper", False):
         return
-    name = _register_flat_call(overload)
-    fallback = f"torch.ops.{overload._schema.name.replace('::', '.')}.{overload._overloadname}"
+    name = flat_call_name(overload)  # registered when the lowering was installed
     for node in operations:
         if isinstance(node, ir.FallbackKernel) and node.op_overload is overload:
-            node.python_kernel_name = f"(getattr(extern_kernels, {name!r}, None) or {fallback})"
+            # Inductor's own name for the call, torch.ops.ns.op.overload, is the fallback.
+            node.python_kernel_name = f"(getattr(extern_kernels, {name!r}, None) or {node.python_kernel_name})"
 
 
 def _realize_tagged(op: str, names: list[str], args: tuple, kwargs: dict) -> None:
