@@ -12,6 +12,11 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import bench_symm_mem_tp as bench  # noqa: E402
 
 
+# What rank 0 passes to the report besides the ranks' figures.
+META = {"two_shot_min_bytes": 2 << 20, "two_shot_min_bytes_override": -1, "world_size": 2, "device": "GPU",
+        "torch": "2.11", "env": {}, "inductor_collective_auto_select": False, "rounds": 15}
+
+
 class FakeRank:
     """Times from a script: each step's µs grow by one per round, the opforge step twice the matmuls'."""
 
@@ -66,9 +71,7 @@ def test_the_report_prints_the_pieces_per_rank():
                 "parts": [{"tokens": 64, "bytes": 512 << 10, "path": "one-shot",
                            "times": {name: value + rank for name, value in times.items()},
                            "host": {name: value / 2 for name, value in times.items()}}]} for rank in (0, 1)]
-    meta = {"two_shot_min_bytes": 2 << 20, "two_shot_min_bytes_override": -1, "world_size": 2, "device": "GPU",
-            "torch": "2.11", "env": {}, "inductor_collective_auto_select": False, "rounds": 15}
-    text = bench.render(meta, reports)
+    text = bench.render(META, reports)
     assert "## pieces of the compiled step, eager, tokens 64 (512KB, one-shot), µs per call, per rank" in text
     assert "| piece | rank 0 eager | host (CPU) | rank 1 eager | host (CPU) |" in text
     assert "| empty_strided_p2p (the step's buffer) | 5.5 | 2.8 | 6.5 | 2.8 |" in text
@@ -82,9 +85,7 @@ def test_the_report_prints_each_steps_host_figure_and_ratio():
             "eager_ratios": {"opforge / (matmuls + direct)": [1.2, 1.1, 1.3],
                              "opforge / (matmuls + direct) (host)": [1.05, 1.0, 1.1]}}
     reports = [{"rank": 0, "sweep": [], "steps": [step], "checks": [], "errors": [], "profiles": []}]
-    meta = {"two_shot_min_bytes": 2 << 20, "two_shot_min_bytes_override": -1, "world_size": 2, "device": "GPU",
-            "torch": "2.11", "env": {}, "inductor_collective_auto_select": False, "rounds": 15}
-    text = bench.render(meta, reports)
+    text = bench.render(META, reports)
     assert "| step | eager | host (CPU) | CUDA graph |" in text
     assert "| opforge | 30.0 | 15.0 | 10.0 |" in text
     assert "| matmuls, plus all-reduce alone (the sum) | 22.0 | 11.0 | 7.3 |" in text
