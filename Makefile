@@ -36,6 +36,8 @@ $(VENV)/.opforge-deps: pyproject.toml Makefile
 	@$(PY) -c "import sys, torch; sys.exit('$(TORCH_VERSION)' not in ('', torch.__version__.split('+')[0]))" \
 	  2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest hypothesis pyyaml numpy $(TRITON_SPEC)
+	# opforge's tvm-ffi extra (docs/tvm_ffi.md), so the suite runs its TVM-FFI tests.
+	$(PIP) install -q "apache-tvm-ffi>=0.1.15,<0.2"
 	@touch $@
 
 setup: $(VENV)/.opforge-deps gtest

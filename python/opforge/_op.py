@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import _C as _torch_C
 
-from . import _C, _types, handles
+from . import _C, _ffi, _types, handles
 from ._codegen import EMPTY, Builder, Leaf, OpCode, Param
 from ._types import Problem, Registrations, Resolver, SignatureError, TypeInfo, Where
 
@@ -78,14 +78,18 @@ class OpDef(_C.OpBase):
         _install_autograd(self, backward, setup_context)
 
     def register_kernel(self, device_types: str | Sequence[str], fn: Callable | None = None):
-        """Registers a device-specific body with the original signature.
+        """Registers a device-specific body with the original signature, or a
+        `tvm_ffi.Function` that takes the flat leaves (docs/tvm_ffi.md).
         Usable as `@op.register_kernel("cuda")`."""
 
         def register(fn: Callable) -> Callable:
             _check_callable(self.name, "register_kernel", fn)
             devices = _device_list(self.name, device_types)
             self._before_kernels(devices)
-            _install_kernels(self, devices, fn)
+            if _ffi.is_function(fn):
+                _install_ffi_kernels(self, {d: fn for d in devices})
+            else:
+                _install_kernels(self, devices, fn)
             return fn
 
         return register if fn is None else register(fn)
@@ -146,6 +150,7 @@ class _State:
     setup_context: Callable | None = None
     has_tensor_returns: bool = False
     traced_body: Callable | None = None  # a Triton op's traceable body, its fake unless one is registered
+    no_fake: str | None = None  # the error of a trace with no fake, where the kernels say more than the default
 
 
 @dataclass(frozen=True)
@@ -195,8 +200,12 @@ def op(
     symm_mem_args: Iterable[str] = (),
     triton: str = "auto",
     extra_triton_kernels: Iterable[Any] = (),
+    kernel: Any = None,
 ) -> Callable[[Callable], OpDef]:
-    """Defines the operator `name` ("namespace::op") from the decorated function."""
+    """Defines the operator `name` ("namespace::op") from the decorated function.
+    With `kernel=` (a `tvm_ffi.Function`, or {device type: function}), the
+    decorated function gives only the signature and the TVM-FFI function is
+    the kernel (docs/tvm_ffi.md)."""
     if not isinstance(name, str):
         if callable(name):  # `@opforge.op` without the name
             fn_name = getattr(name, "__name__", "f")
@@ -218,6 +227,7 @@ def op(
             symm_mem_args=symm_mem_args,
             triton=triton,
             extra_triton_kernels=extra_triton_kernels,
+            kernel=kernel,
             _caller=sys._getframe(1),
         )
 
@@ -236,14 +246,23 @@ def _one_at_a_time(fn):
 
 @_one_at_a_time
 def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward=None, device_types=None,
-           tags=(), symm_mem_args=(), triton="auto", extra_triton_kernels=(), _caller=None,
+           tags=(), symm_mem_args=(), triton="auto", extra_triton_kernels=(), kernel=None, _caller=None,
            _default_fake=None) -> OpDef:
     """Registers `fn` as the op `name`: every check first, then torch's
     registrations; a failure anywhere undoes what was done. `_default_fake`
     (for front ends such as compat.magi) makes the fake of an op that is
-    neither given one nor a Triton op, and may raise to reject the op."""
+    neither given one nor a Triton op, and may raise to reject the op.
+    `kernel` (TVM-FFI functions) makes `fn` the signature only."""
     mutates_args, devices, tag_list = _check_arguments(name, fn, mutates_args, fake, setup_context, backward,
                                                        device_types, tags)
+    ffi_kernels = None
+    if kernel is not None:
+        ffi_kernels = {d: _ffi.make_kernel(name, f, "kernel=") for d, f in
+                       _ffi.kernels_of(name, kernel, devices).items()}
+        if ffi_kernels.keys() != {None}:
+            devices = _device_list(name, list(ffi_kernels))
+            ffi_kernels = dict(zip(devices, ffi_kernels.values()))
+        triton = "off"
     regs = Registrations()
     lib = None
     opdef = None
@@ -264,11 +283,17 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
 
             symm_mem.declare(name, model.lowered, symm_mem_args, lib=lib, stacklevel=4)
             symm_mem_declared = True
+        if ffi_kernels is not None:
+            body = None
         state = _State(fn=body, fake=fake, backward=backward, setup_context=setup_context,
-                       traced_body=plan.traced_body if plan is not None else None)
+                       traced_body=plan.traced_body if plan is not None else None,
+                       no_fake=_ffi.missing_fake_message(name) if ffi_kernels is not None else None)
         opdef = assemble(name, fn, sig, model, overload, lib, state=state, devices=devices)
         opdef._triton = TritonOptions(triton, extra_triton_kernels, mutates_args)
-        _register_kernels(opdef, body, devices)
+        if ffi_kernels is None:
+            _register_kernels(opdef, body, devices)
+        else:
+            _install_ffi_kernels(opdef, ffi_kernels, made=True)
         if plan is not None:
             _install_triton_decomposition(opdef, plan)
         opdef._register_fake_kernel()
@@ -311,6 +336,7 @@ def _check_arguments(name, fn, mutates_args, fake, setup_context, backward, devi
     """
     _C.check_op_name(name)
     _check_free(name)
+    _ffi.refuse_as_body(name, fn)
     _check_callable(name, "the decorated object", fn)
     if isinstance(mutates_args, str):
         raise TypeError(f"{name}: mutates_args must be a sequence of parameter names, not a string. "
@@ -478,10 +504,11 @@ def _set_dispatcher_kernel(opdef: OpDef, key: str, fn: Callable) -> None:
     """The op's C++ kernel for `key` calls `fn` (the original signature);
     registered once per key, then only `fn` changes."""
     kernel = opdef._registrations.get(key)
-    if kernel is None:
-        opdef._registrations[key] = _C.register_kernel(opdef.boundary, fn, key)
-    else:
+    if isinstance(kernel, _C.OpKernel):
         kernel.set_fn(fn)
+    else:
+        opdef._registrations.pop(key, None)  # a TVM-FFI kernel's, undone before the new one takes the key
+        opdef._registrations[key] = _C.register_kernel(opdef.boundary, fn, key)
 
 
 _TRITON: list = []  # [the opforge.triton module, or None when unavailable]
@@ -735,11 +762,11 @@ def _fake_dispatch(name: str, state: _State) -> Callable:
         if state.fake is None:
             if not state.has_tensor_returns:
                 return None
-            raise RuntimeError(
+            raise RuntimeError(state.no_fake or (
                 f"{name}: no fake (shape) implementation is registered, and torch.compile, fake "
                 f"tensors and meta tensors need one. Pass fake= to @opforge.op or decorate one "
                 f"with @{name.split('::')[1]}.register_fake."
-            )
+            ))
         return state.fake(*args, **kwargs)
 
     return fake
@@ -760,12 +787,27 @@ def _install_kernels(opdef: OpDef, devices: list[str], fn: Callable) -> None:
     opdef._set_has_backward(False)
 
 
+def _install_ffi_kernels(opdef: OpDef, kernels: dict, *, made: bool = False) -> None:
+    """TVM-FFI kernels ({device type or None: function}) as the op's
+    dispatcher kernels and its eager path's, both called from C."""
+    for device, function in kernels.items():
+        k = function if made else _ffi.make_kernel(opdef.name, function, "register_kernel")
+        key = "CompositeExplicitAutograd" if device is None else _dispatch_key(opdef.name, device)
+        opdef._registrations.pop(key, None)  # the kernel it replaces, undone first
+        opdef._registrations[key] = _C.register_ffi_kernel(k, key)
+        opdef._set_kernel(device, k)
+    if any(d is not None for d in kernels):
+        opdef._device_kernels = True
+    opdef._set_has_backward(False)  # a gradient takes the dispatcher path, through the FFI kernel
+
+
 def _install_autograd(opdef: OpDef, backward: Callable, setup_context: Callable | None) -> None:
     """The op's autograd bridge (`_C.AutogradBridge`, docs/python_ops.md#autograd):
     its Autograd kernel replaces the no-backward one, and eager calls that
     need a gradient record its node directly. Called again, it only replaces
     backward and setup_context, which the bridge reads at call time."""
     backward, setup_context = _triton_autograd(opdef, backward, setup_context)
+    backward = _ffi.guard_backward(opdef.name, backward)
     state = opdef._state
     state.backward = backward
     state.setup_context = setup_context

@@ -30,6 +30,7 @@ void InitBoundary(py::module_& m);
 void InitOpObject(py::module_& m);
 void InitAutograd(py::module_& m);
 void InitKernels(py::module_& m);
+void InitFfi(py::module_& m);
 
 namespace {
 
@@ -358,6 +359,7 @@ PYBIND11_MODULE(_C, m) {
         "result lives.");
   InitAutograd(m);
   InitKernels(m);
+  InitFfi(m);
 
   // Python objects in the shared handle table: the payload is a PyObject
   // (a weakref, or the object itself when pinned), typed "py:<name>".

@@ -22,6 +22,7 @@
 
 #include "python/autograd.h"
 #include "python/boundary.h"
+#include "python/ffi.h"
 #include "python/leaf_rule.h"
 #include "torch/autograd_kernels.h"
 
@@ -152,6 +153,10 @@ struct OpObject {
   // dispatcher from here, as torch.ops would, without the Python flatten.
   c10::OperatorHandle* dispatcher_op;
   PyObject* rebuild_output;  // flat returns -> struct returns, or null when all are leaves
+  // TVM-FFI kernels: per device type and for every device, each held by the
+  // matching slot of `kernels` / `default_kernel`.
+  std::array<PyFfiKernel*, kNumDeviceTypes> ffi;
+  PyFfiKernel* ffi_default;
 };
 
 // How one eager call runs.
@@ -160,15 +165,39 @@ enum class Route {
   kCppDispatcher,  // a C++ op: the dispatcher from C, without Python's flatten
   kBody,           // the body runs directly
   kBodyWithGrad,   // the body runs directly and the op's graph node is recorded
+  kFfi,            // the op's TVM-FFI kernel is called from C with the flat leaves
 };
+
+// Bumps the versions of the tensors the op writes, as the op's
+// ADInplaceOrView kernel does on the dispatcher path; false (nothing bumped)
+// where a written tensor is an inference tensor outside inference mode,
+// which only the dispatcher path reports as torch does.
+bool BumpWritten(const Boundary& b, PyObject** tensors) {
+  if (b.mutated_slots().empty() || c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) {
+    return true;
+  }
+  bool inference = false;
+  if (!c10::InferenceMode::is_enabled()) {
+    auto note = [&](const at::Tensor& t) { inference = inference || t.is_inference(); };
+    for (int slot : b.mutated_slots()) ForEachLeafTensor(tensors[slot], note);
+  }
+  if (inference) return false;
+  for (int slot : b.mutated_slots()) ForEachLeafTensor(tensors[slot], torch::autograd::impl::bump_version);
+  return true;
+}
 
 // The route of a call whose converted tensor leaves are `tensors`; `kernel`
 // gets the body a kBody or kBodyWithGrad route runs.
-Route ChooseRoute(OpObject* op, PyObject** tensors, PyObject** kernel) {
+Route ChooseRoute(OpObject* op, PyObject** tensors, PyObject** kernel, PyFfiKernel** ffi) {
   const Boundary& b = *op->boundary;
   c10::DeviceType device = c10::DeviceType::CPU;
   const int mode = FastPathMode(tensors, b.num_tensor_slots(), &device);
   if (mode < 0) return Route::kDispatcher;
+  if (mode == 0) {
+    const size_t d = static_cast<size_t>(device);
+    *ffi = op->ffi[d] != nullptr ? op->ffi[d] : op->kernels[d] == nullptr ? op->ffi_default : nullptr;
+    if (*ffi != nullptr) return BumpWritten(b, tensors) ? Route::kFfi : Route::kDispatcher;
+  }
   // A Python kernel for the device (register_kernel) runs directly, as for a
   // Python op; a C++ op's kernels, autograd and version bumps are torch's.
   *kernel = mode == 0 ? op->kernels[static_cast<size_t>(device)] : nullptr;
@@ -179,19 +208,8 @@ Route ChooseRoute(OpObject* op, PyObject** tensors, PyObject** kernel) {
     if (!op->has_backward || op->bridge == nullptr || op->default_kernel == nullptr) return Route::kDispatcher;
     *kernel = op->default_kernel;
   }
-  if (*kernel == nullptr) return Route::kDispatcher;
-  // Mutated tensors get their version bumped here, as the op's ADInplaceOrView
-  // kernel does on the dispatcher path; bumping an inference tensor's version
-  // outside inference mode is an error, which the dispatcher path raises.
-  if (!b.mutated_slots().empty() && !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::ADInplaceOrView)) {
-    bool inference = false;
-    if (!c10::InferenceMode::is_enabled()) {
-      auto note = [&](const at::Tensor& t) { inference = inference || t.is_inference(); };
-      for (int slot : b.mutated_slots()) ForEachLeafTensor(tensors[slot], note);
-    }
-    if (inference) return Route::kDispatcher;
-    for (int slot : b.mutated_slots()) ForEachLeafTensor(tensors[slot], torch::autograd::impl::bump_version);
-  }
+  if (*kernel == nullptr || AsFfiKernel(*kernel) != nullptr) return Route::kDispatcher;
+  if (!BumpWritten(b, tensors)) return Route::kDispatcher;
   return mode == 1 ? Route::kBodyWithGrad : Route::kBody;
 }
 
@@ -284,7 +302,10 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
   } release{out, n};
 
   PyObject* kernel = nullptr;
-  switch (ChooseRoute(op, tensors, &kernel)) {
+  PyFfiKernel* ffi = nullptr;
+  switch (ChooseRoute(op, tensors, &kernel, &ffi)) {
+    case Route::kFfi:
+      return CallFfi(*ffi, *b, out);
     case Route::kCppDispatcher:
       return CallDispatcher(op, out);
     case Route::kBody: {
@@ -342,6 +363,8 @@ int OpClear(PyObject* self) {
   op->bridge = nullptr;    // owned by autograd
   for (PyObject* OpObject::*field : kOpRefs) Py_CLEAR(op->*field);
   for (PyObject*& k : op->kernels) Py_CLEAR(k);
+  op->ffi.fill(nullptr);
+  op->ffi_default = nullptr;
   return 0;
 }
 
@@ -384,10 +407,14 @@ PyObject* OpBind(PyObject* self, PyObject* args) {
     Py_XSETREF(op->boundary_obj, Py_NewRef(boundary));
     Py_XSETREF(op->default_kernel, default_kernel == Py_None ? nullptr : Py_NewRef(default_kernel));
     for (PyObject*& k : op->kernels) Py_CLEAR(k);
+    op->ffi.fill(nullptr);
+    op->ffi_default = AsFfiKernel(op->default_kernel);
     PyObject *key, *value;
     Py_ssize_t pos = 0;
     while (PyDict_Next(kernels, &pos, &key, &value)) {
-      Py_XSETREF(op->kernels[static_cast<size_t>(ParseDeviceType(key))], Py_NewRef(value));
+      const size_t d = static_cast<size_t>(ParseDeviceType(key));
+      Py_XSETREF(op->kernels[d], Py_NewRef(value));
+      op->ffi[d] = AsFfiKernel(value);
     }
     PyObject* overload = PyObject_GetAttrString(self, "overload");
     if (overload == nullptr) throw py::error_already_set();
@@ -401,9 +428,15 @@ PyObject* OpSetKernel(PyObject* self, PyObject* args) {
   PyObject *device, *kernel;
   if (!PyArg_ParseTuple(args, "OO", &device, &kernel)) return nullptr;
   return Guarded(PyExc_ValueError, [&] {
-    PyObject*& slot =
-        device == Py_None ? op->default_kernel : op->kernels[static_cast<size_t>(ParseDeviceType(device))];
-    Py_XSETREF(slot, Py_NewRef(kernel));
+    // A TVM-FFI kernel (_C.FfiKernel) is called from C; any other is a Python body.
+    if (device == Py_None) {
+      Py_XSETREF(op->default_kernel, Py_NewRef(kernel));
+      op->ffi_default = AsFfiKernel(kernel);
+    } else {
+      const size_t d = static_cast<size_t>(ParseDeviceType(device));
+      Py_XSETREF(op->kernels[d], Py_NewRef(kernel));
+      op->ffi[d] = AsFfiKernel(kernel);
+    }
   });
 }
 

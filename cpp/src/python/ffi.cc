@@ -1,0 +1,81 @@
+// _C.FfiKernel and _C.register_ffi_kernel (ffi.h).
+#include "python/ffi.h"
+
+#include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <string>
+#include <vector>
+
+#include "python/boundary.h"
+#include "torch/registration.h"
+
+namespace py = pybind11;
+
+namespace opforge {
+
+PyFfiKernel* AsFfiKernel(PyObject* obj) {
+  static PyTypeObject* type = reinterpret_cast<PyTypeObject*>(py::type::of<PyFfiKernel>().ptr());
+  if (obj == nullptr || Py_TYPE(obj) != type) return nullptr;
+  return py::handle(obj).cast<PyFfiKernel*>();
+}
+
+PyObject* CallFfi(const PyFfiKernel& k, Boundary& boundary, PyObject* const* converted) {
+  std::vector<c10::IValue> args;
+  if (!boundary.Flatten(converted, args)) return nullptr;
+  std::vector<c10::IValue> out;
+  if (k.release_gil) {
+    py::gil_scoped_release no_gil;
+    k.kernel->Call(boundary.flat(), args, out);
+  } else {
+    k.kernel->Call(boundary.flat(), args, out);
+  }
+  if (boundary.leaf_returns()) return torch::jit::createPyObjectForStack(std::move(out)).release().ptr();
+  Owned flat;
+  for (const c10::IValue& v : out) {
+    PyObject* obj = torch::jit::toPyObject(v).release().ptr();
+    flat.Add(obj);
+  }
+  return boundary.RebuildOutput(flat.items.data());
+}
+
+namespace {
+
+// Keeps a kernel registered for its dispatch key while it lives.
+struct FfiRegistration {
+  std::unique_ptr<KernelRegistration> registration;
+};
+
+}  // namespace
+
+void InitFfi(py::module_& m) {
+  py::class_<PyFfiKernel>(m, "FfiKernel", "A TVM-FFI function as an op's kernel.")
+      .def(py::init([](const std::string& op, const std::string& name, uintptr_t handle, const std::string& lib,
+                       bool release_gil) {
+             std::string error;
+             const OpforgeFfiApi* api = LoadFfiApi(lib, &error);
+             if (api == nullptr) throw py::import_error(op + ": " + error);
+             auto* k = new PyFfiKernel;
+             k->kernel = std::make_shared<FfiKernel>(op, name, reinterpret_cast<void*>(handle), api);
+             k->release_gil = release_gil;
+             return k;
+           }),
+           py::arg("op"), py::arg("name"), py::arg("handle"), py::arg("lib"), py::arg("release_gil"))
+      .def_property_readonly("op", [](const PyFfiKernel& k) { return k.kernel->op(); })
+      .def_property_readonly("name", [](const PyFfiKernel& k) { const std::string& n = k.kernel->function_name(); return n.empty() ? n : n.substr(1); })
+      .def_property_readonly("owned_tensors", [](const PyFfiKernel& k) { return k.kernel->owned_tensors(); },
+                             "Whether tensors reach the function as owned ffi::Tensors (it takes ffi::Tensor) "
+                             "rather than DLTensor views; known after the first call.");
+  py::class_<FfiRegistration>(m, "FfiRegistration", "An FFI kernel's registration, undone when it is deleted.");
+  m.def(
+      "register_ffi_kernel",
+      [](PyFfiKernel& k, const std::string& key) {
+        auto kernel = k.kernel;
+        auto reg = RegisterBoxed(kernel->op(), {c10::parseDispatchKey(key)},
+                                 [&] { return MakeFfiDispatcherKernel(kernel); });
+        return std::make_unique<FfiRegistration>(FfiRegistration{std::move(reg)});
+      },
+      py::arg("kernel"), py::arg("dispatch_key"),
+      "Registers the kernel as its op's dispatcher kernel for `dispatch_key` (no Python on the call).");
+}
+
+}  // namespace opforge

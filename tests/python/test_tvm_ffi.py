@@ -1,0 +1,373 @@
+"""TVM-FFI functions as op kernels (docs/tvm_ffi.md): the op's leaves reach
+the function in schema order on every path, its errors name the op, and
+nothing a user gets wrong kills the process."""
+
+import dataclasses
+import enum
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Literal, Optional
+
+import pytest
+import torch
+import torch._dynamo.testing
+from torch import Tensor
+
+tvm_ffi = pytest.importorskip("tvm_ffi")
+
+import opforge  # noqa: E402
+from opforge import _C  # noqa: E402
+from tvm_ffi_kernels import kernels  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def mod():
+    return kernels()
+
+
+_COUNT = [0]
+
+
+def fresh(name: str) -> str:
+    _COUNT[0] += 1
+    return f"ffi_t{_COUNT[0]}::{name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class NormCfg:
+    eps: float = 1e-6
+    add_one: bool = False
+
+
+class Mode(enum.Enum):
+    FAST = "fast"
+    EXACT = "exact"
+
+
+@dataclasses.dataclass(frozen=True)
+class Affine:
+    scale: float
+    shift: float = 0.0
+
+
+def rms_ref(x, w, eps, add_one):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (w + (1.0 if add_one else 0.0))
+
+
+@pytest.fixture(scope="module")
+def rms_norm(mod):
+    @opforge.op(fresh("rms_norm"), mutates_args=("out",), kernel=mod.rms_norm)
+    def rms_norm(out: Tensor, x: Tensor, w: Tensor, cfg: NormCfg) -> None:
+        """The signature: the TVM-FFI function is the kernel."""
+
+    return rms_norm
+
+
+def test_a_struct_op_passes_the_struct_fields_to_the_function_as_leaves(rms_norm):
+    x, w, out = torch.randn(4, 16), torch.randn(16), torch.full((4, 16), float("nan"))
+    assert rms_norm(out, x, w, NormCfg(1e-5, True)) is None
+    torch.testing.assert_close(out, rms_ref(x, w, 1e-5, True))
+    assert rms_norm.schema.endswith("float cfg__eps=9.9999999999999995e-07, bool cfg__add_one=False) -> ()")
+
+
+def test_the_flat_op_through_torch_ops_calls_the_same_function(rms_norm):
+    x, w, out = torch.randn(3, 8), torch.randn(8), torch.zeros(3, 8)
+    ns, name = rms_norm.name.split("::")
+    getattr(getattr(torch.ops, ns), name)(out, x, w, 0.5, False)
+    torch.testing.assert_close(out, rms_ref(x, w, 0.5, False))
+
+
+def test_the_eager_call_converts_arguments_as_the_dispatcher_does(rms_norm):
+    # An int for the float field arrives as a float; a str for it is refused.
+    x, w, out = torch.randn(2, 8), torch.randn(8), torch.zeros(2, 8)
+    rms_norm(out, x, w, NormCfg(1, False))
+    torch.testing.assert_close(out, rms_ref(x, w, 1.0, False))
+    with pytest.raises(TypeError, match="cfg"):
+        rms_norm(out, x, w, NormCfg("small", False))
+
+
+def test_the_version_of_the_written_tensor_is_bumped_on_the_eager_path(rms_norm):
+    x, w, out = torch.randn(2, 8), torch.randn(8), torch.zeros(2, 8)
+    before = out._version
+    rms_norm(out, x, w, NormCfg())
+    assert out._version == before + 1
+
+
+def test_an_enum_and_a_literal_reach_the_function_as_their_values(mod):
+    @opforge.op(fresh("pick"), mutates_args=("out",), kernel=mod.pick)
+    def pick(out: Tensor, mode: Mode, k: Literal[1, 2] = 1) -> None: ...
+
+    out = torch.zeros(2)
+    pick(out, Mode.EXACT, 2)
+    assert out.tolist() == [202.0, 202.0]
+    pick(out, "fast")
+    assert out.tolist() == [101.0, 101.0]
+    with pytest.raises(ValueError, match="k"):
+        pick(out, Mode.FAST, 3)
+
+
+def test_an_optional_struct_reaches_the_function_as_its_presence_then_its_fields(mod):
+    @opforge.op(fresh("affine"), mutates_args=("out",), kernel=mod.affine)
+    def affine(out: Tensor, x: Tensor, a: Optional[Affine] = None) -> None: ...
+
+    x, out = torch.arange(3.0), torch.zeros(3)
+    affine(out, x, Affine(2.0, 1.0))
+    assert out.tolist() == [1.0, 3.0, 5.0]
+    affine(out, x)
+    assert out.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_a_function_taking_owned_tensors_gets_them_and_its_tensor_comes_back_without_a_copy(mod):
+    @opforge.op(fresh("ident"), kernel=mod.ident, fake=lambda x: torch.empty_like(x))
+    def ident(x: Tensor) -> Tensor: ...
+
+    x = torch.randn(5)
+    y = ident(x)
+    assert y.data_ptr() == x.data_ptr() and torch.equal(y, x)
+    assert ident.overload(x).data_ptr() == x.data_ptr()
+
+
+def test_scalar_returns_come_back_as_the_schema_types(mod):
+    @opforge.op(fresh("add_ints"), kernel=mod.add_ints)
+    def add_ints(a: int, b: int) -> int: ...
+
+    @opforge.op(fresh("half"), kernel=mod.half)
+    def half(a: float) -> float: ...
+
+    assert add_ints(2, 40) == 42
+    assert half(3) == 1.5
+
+
+def test_lists_reach_the_function_as_arrays(mod):
+    @opforge.op(fresh("sum_list"), kernel=mod.sum_list)
+    def sum_list(xs: list[int]) -> int: ...
+
+    @opforge.op(fresh("fill_all"), mutates_args=("ts",), kernel=mod.fill_all)
+    def fill_all(ts: list[Tensor], v: float) -> None: ...
+
+    assert sum_list((1, 2, 39)) == 42
+    a, b = torch.zeros(2), torch.zeros(3, dtype=torch.float64)
+    fill_all([a, b], 7)
+    assert a.tolist() == [7.0, 7.0] and b.tolist() == [7.0, 7.0, 7.0]
+
+
+def test_a_dtype_reaches_the_function_as_a_dl_data_type(mod):
+    @opforge.op(fresh("dtype_bits"), kernel=mod.dtype_bits)
+    def dtype_bits(dt: torch.dtype) -> int: ...
+
+    assert dtype_bits(torch.float16) == 16
+    assert dtype_bits(torch.float64) == 64
+
+
+def test_register_kernel_takes_a_tvm_ffi_function_for_one_device(mod):
+    calls = []
+
+    @opforge.op(fresh("scale"), mutates_args=("out",))
+    def scale(out: Tensor, x: Tensor, s: float) -> None:
+        calls.append(s)
+        out.copy_(x * s)
+
+    scale.register_kernel("cpu", mod.scale_out)
+    out = torch.zeros(3)
+    scale(out, torch.ones(3), 3.0)
+    ns, name = scale.name.split("::")
+    getattr(getattr(torch.ops, ns), name)(out, torch.ones(3), 4.0)
+    assert out.tolist() == [4.0, 4.0, 4.0] and calls == []
+
+
+def test_kernel_as_a_dict_registers_one_function_per_device(mod):
+    @opforge.op(fresh("scale"), mutates_args=("out",), kernel={"cpu": mod.scale_out})
+    def scale(out: Tensor, x: Tensor, s: float) -> None: ...
+
+    out = torch.zeros(2)
+    scale(out, torch.ones(2), 5.0)
+    assert out.tolist() == [5.0, 5.0]
+
+
+def test_under_compile_the_op_traces_with_no_graph_break_and_gives_eager_values(rms_norm):
+    x, w = torch.randn(4, 16), torch.randn(16)
+
+    def step(x, w):
+        out = torch.empty_like(x)
+        rms_norm(out, x * 2, w, NormCfg(1e-5, True))
+        return out + 1
+
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(step, backend=counter, fullgraph=True)
+    torch.testing.assert_close(compiled(x, w), step(x, w))
+    assert counter.frame_count == 1
+    torch.testing.assert_close(torch.compile(step, backend="aot_eager", fullgraph=True)(x, w), step(x, w))
+
+
+def test_opcheck_passes_for_an_out_variant_ffi_op(rms_norm):
+    x, w, out = torch.randn(4, 16), torch.randn(16), torch.zeros(4, 16)
+    result = opforge.opcheck(rms_norm, (out, x, w, NormCfg()))
+    assert set(result.values()) == {"SUCCESS"}
+
+
+@pytest.fixture(scope="module")
+def scaled(mod):
+    """A functional op whose forward and backward both call an FFI op (the
+    FlashInfer pattern: Python allocates, the out-variant kernel writes)."""
+    @opforge.op(fresh("scale_out"), mutates_args=("out",), kernel=mod.scale_out)
+    def scale_out(out: Tensor, x: Tensor, s: float) -> None: ...
+
+    def backward(ctx, g):
+        g = g.contiguous()  # .sum()'s gradient is an expanded view; the kernel takes dense tensors
+        grad = torch.empty_like(g)
+        scale_out(grad, g, ctx.s)
+        return grad, None
+
+    def setup_context(ctx, inputs, output):
+        ctx.s = inputs[1]
+
+    @opforge.op(fresh("scaled"), backward=backward, setup_context=setup_context, fake=lambda x, s: torch.empty_like(x))
+    def scaled(x: Tensor, s: float) -> Tensor:
+        out = torch.empty_like(x)
+        scale_out(out, x, s)
+        return out
+
+    return scaled
+
+
+def test_a_backward_through_an_ffi_op_passes_gradcheck(scaled):
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: scaled(t, 1.5), (x,))
+
+
+def test_a_backward_through_an_ffi_op_compiles_forward_and_backward(scaled):
+    x = torch.randn(6, requires_grad=True)
+    compiled = torch.compile(lambda t: scaled(t, 3.0).sum(), backend="aot_eager", fullgraph=True)
+    compiled(x).backward()
+    torch.testing.assert_close(x.grad, torch.full((6,), 3.0))
+
+
+def test_a_backward_calling_a_raw_ffi_function_says_to_make_it_an_op_when_compiled(mod):
+    def backward(ctx, g):
+        g = g.contiguous()
+        grad = torch.empty_like(g)
+        mod.scale_out(grad, g, 2.0)
+        return grad
+
+    @opforge.op(fresh("doubled"), backward=backward, fake=lambda x: torch.empty_like(x))
+    def doubled(x: Tensor) -> Tensor:
+        return x * 2
+
+    x = torch.randn(3, requires_grad=True)
+    doubled(x).sum().backward()  # eagerly the raw call is fine
+    torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+    compiled = torch.compile(lambda t: doubled(t).sum(), backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match=r"its backward calls the TVM-FFI function 'mod' directly.*op too"):
+        compiled(torch.randn(3, requires_grad=True)).backward()
+
+
+def test_meta_tensors_run_the_free_fake_of_an_out_variant_op(rms_norm):
+    ns, name = rms_norm.name.split("::")
+    x = torch.empty(2, 8, device="meta")
+    assert getattr(getattr(torch.ops, ns), name)(x, x, torch.empty(8, device="meta"), 1e-6, False) is None
+
+
+def test_decorating_a_tvm_ffi_function_directly_says_to_use_a_stub(mod):
+    name = fresh("direct")
+    with pytest.raises(TypeError, match=rf"{name}: a tvm_ffi.Function records no parameter names.*kernel=fn"):
+        opforge.op(name)(mod.rms_norm)
+
+
+def test_a_kernel_that_is_not_a_tvm_ffi_function_is_refused_and_nothing_is_registered():
+    name = fresh("bad_kernel")
+    with pytest.raises(TypeError, match=rf"{name}: kernel= must be a tvm_ffi.Function.*not function"):
+        @opforge.op(name, kernel=lambda x: x)
+        def f(x: Tensor) -> Tensor: ...
+    ns, op = name.split("::")
+    assert not hasattr(getattr(torch.ops, ns), op)
+
+
+def test_the_kernel_attribute_of_an_ffi_kernel_names_the_op(mod):
+    k = opforge._ffi.make_kernel("ns::f", mod.add_ints)
+    assert isinstance(k, _C.FfiKernel) and k.op == "ns::f" and not k.owned_tensors
+
+
+def run(body: str) -> str:
+    """Runs `body` in a fresh process with the test kernels built; returns
+    what it printed. The child must end normally."""
+    prologue = """
+        import dataclasses, torch, opforge
+        from torch import Tensor
+        from tvm_ffi_kernels import kernels
+        mod = kernels()
+
+        def outcome(fn, *args):
+            try:
+                fn(*args)
+            except Exception as e:
+                return f"{type(e).__name__}: {' '.join(str(e).split())}"
+            return "no error"
+    """
+    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    child = subprocess.run([sys.executable, "-c", textwrap.dedent(prologue) + textwrap.dedent(body)],
+                           capture_output=True, text=True, cwd=HERE, timeout=300, env=env)
+    assert child.returncode == 0, f"the process died ({child.returncode}):\n{child.stdout}\n{child.stderr}"
+    return child.stdout
+
+
+def test_a_function_of_another_arity_is_an_error_naming_the_op_in_its_own_process():
+    out = run("""
+        @opforge.op("arity::f", mutates_args=("out",), kernel=mod.scale_out)
+        def f(out: Tensor, x: Tensor) -> None: ...
+        print(outcome(f, torch.zeros(2), torch.ones(2)))
+        print(outcome(torch.ops.arity.f, torch.zeros(2), torch.ones(2)))
+    """)
+    lines = out.splitlines()
+    assert len(lines) == 2 and lines[0] == lines[1], out
+    assert lines[0].startswith("TypeError: arity::f: its TVM-FFI kernel raised TypeError:") and "3" in lines[0], out
+
+
+def test_an_argument_of_the_wrong_type_is_an_error_naming_the_op_in_its_own_process():
+    out = run("""
+        @opforge.op("types::f", mutates_args=("out",), kernel=mod.takes_int)
+        def f(out: Tensor, n: float) -> None: ...
+        print(outcome(f, torch.zeros(2), 1.5))
+    """)
+    assert out.startswith("TypeError: types::f: its TVM-FFI kernel raised TypeError:"), out
+
+
+def test_a_kernel_that_throws_raises_its_error_type_naming_the_op_in_its_own_process():
+    out = run("""
+        @opforge.op("throws::pick", mutates_args=("out",), kernel=mod.pick)
+        def pick(out: Tensor, mode: str, k: int) -> None: ...
+        @opforge.op("throws::norm", mutates_args=("out",), kernel=mod.rms_norm)
+        def norm(out: Tensor, x: Tensor, w: Tensor, eps: float, add_one: bool) -> None: ...
+        print(outcome(pick, torch.zeros(2), "slow", 1))
+        print(outcome(torch.ops.throws.pick, torch.zeros(2), "slow", 1))
+        print(outcome(norm, torch.zeros(2), torch.zeros(2), torch.ones(2), 1e-6, False))
+    """)
+    lines = out.splitlines()
+    assert lines[0] == lines[1] == "ValueError: throws::pick: its TVM-FFI kernel raised ValueError: unknown mode slow"
+    assert lines[2].startswith("RuntimeError: throws::norm: its TVM-FFI kernel raised InternalError:"), out
+    assert "x must be 2-D" in lines[2]
+
+
+def test_a_missing_fake_under_compile_is_an_error_naming_the_op_in_its_own_process():
+    out = run("""
+        @opforge.op("nofake::ident", kernel=mod.ident)
+        def ident(x: Tensor) -> Tensor: ...
+        f = torch.compile(lambda x: ident(x) + 1, backend="aot_eager", fullgraph=True)
+        print(outcome(f, torch.ones(2)))
+        print(ident(torch.ones(2)).tolist())
+    """)
+    lines = out.splitlines()
+    assert "nofake::ident: its kernel is a TVM-FFI function" in lines[0] and "register_fake" in lines[0], out
+    assert lines[1] == "[1.0, 1.0]"
+
+
+def test_a_returned_value_that_the_schema_does_not_return_is_an_error_in_its_own_process():
+    out = run("""
+        @opforge.op("ret::f", kernel=mod.add_ints)
+        def f(a: int, b: int) -> Tensor: ...
+        print(outcome(f, 1, 2))
+    """)
+    assert out.startswith("RuntimeError: ret::f: its TVM-FFI kernel returned an int where the schema returns Tensor")
