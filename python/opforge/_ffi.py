@@ -49,9 +49,23 @@ def _tvm_ffi():
 _LIB: list = []  # [the path of libtvm_ffi.so]
 
 
+def unwrap(obj: Any) -> Any:
+    """The `tvm_ffi.Function` that `obj` is or wraps (a CuTe DSL compile with
+    --enable-tvm-ffi returns a Python object around one), or None."""
+    if is_function(obj):
+        return obj
+    if "tvm_ffi" not in sys.modules or isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
+        return None
+    for value in getattr(obj, "__dict__", {}).values():
+        if is_function(value):
+            return value
+    return None
+
+
 def make_kernel(name: str, function: Any, what: str = "kernel") -> "_C.FfiKernel":
-    """The op's `_C.FfiKernel` for a `tvm_ffi.Function`; a TypeError naming
-    the op for anything else."""
+    """The op's `_C.FfiKernel` for a `tvm_ffi.Function` (or an object that
+    wraps one); a TypeError naming the op for anything else."""
+    function = unwrap(function) or function
     if not is_function(function):
         raise TypeError(f"{name}: {what} must be a tvm_ffi.Function (from tvm_ffi.load_module, "
                         f"tvm_ffi.cpp.load_inline or a CuTe DSL compile with --enable-tvm-ffi), not "

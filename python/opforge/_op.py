@@ -86,7 +86,7 @@ class OpDef(_C.OpBase):
             _check_callable(self.name, "register_kernel", fn)
             devices = _device_list(self.name, device_types)
             self._before_kernels(devices)
-            if _ffi.is_function(fn):
+            if _ffi.unwrap(fn) is not None:
                 _install_ffi_kernels(self, {d: fn for d in devices})
             else:
                 _install_kernels(self, devices, fn)

@@ -97,6 +97,7 @@ struct OpforgeFfiApi {
   int (*env_set_stream)(int32_t device_type, int32_t device_id, void* stream, void** original);
   int (*tensor_from_dlpack)(void* managed, int32_t require_alignment, int32_t require_contiguous, void** out);
   int (*tensor_to_dlpack)(void* tensor, void** managed);
+  int (*function_create)(void* self, OpforgeFfiSafeCall safe_call, void (*deleter)(void* self), void** out);
 };
 
 }  // namespace opforge

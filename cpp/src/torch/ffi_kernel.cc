@@ -12,6 +12,8 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <cstdio>
+#include <stdexcept>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -83,17 +85,29 @@ void* ArrayConstructor(const OpforgeFfiApi& api) {
 
 }  // namespace
 
+namespace {
+std::mutex g_api_mu;
+OpforgeFfiApi g_api{};
+bool g_api_loaded = false;
+}  // namespace
+
 const OpforgeFfiApi* LoadFfiApi(const std::string& path, std::string* error) {
-  static std::mutex mu;
-  static OpforgeFfiApi api{};
-  static bool loaded = false;
-  std::lock_guard<std::mutex> lock(mu);
-  if (loaded) return &api;
+  {
+    std::lock_guard<std::mutex> lock(g_api_mu);
+    if (g_api_loaded) return &g_api;
+  }
   void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     *error = "cannot load " + path + ": " + dlerror();
     return nullptr;
   }
+  return LoadFfiApi(lib, path, error);
+}
+
+const OpforgeFfiApi* LoadFfiApi(void* lib, const std::string& path, std::string* error) {
+  std::lock_guard<std::mutex> lock(g_api_mu);
+  if (g_api_loaded) return &g_api;
+  OpforgeFfiApi& api = g_api;
   struct Entry {
     const char* name;
     void** slot;
@@ -107,6 +121,7 @@ const OpforgeFfiApi* LoadFfiApi(const std::string& path, std::string* error) {
       {"TVMFFIEnvSetStream", reinterpret_cast<void**>(&api.env_set_stream)},
       {"TVMFFITensorFromDLPack", reinterpret_cast<void**>(&api.tensor_from_dlpack)},
       {"TVMFFITensorToDLPack", reinterpret_cast<void**>(&api.tensor_to_dlpack)},
+      {"TVMFFIFunctionCreate", reinterpret_cast<void**>(&api.function_create)},
   };
   for (const Entry& e : entries) {
     *e.slot = dlsym(lib, e.name);
@@ -117,7 +132,7 @@ const OpforgeFfiApi* LoadFfiApi(const std::string& path, std::string* error) {
     }
   }
   std::atexit([] { g_exiting = true; });
-  loaded = true;
+  g_api_loaded = true;
   return &api;
 }
 
@@ -440,5 +455,55 @@ class FfiDispatcherKernel : public c10::OperatorKernel {
 torch::CppFunction MakeFfiDispatcherKernel(std::shared_ptr<FfiKernel> kernel) {
   return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FfiDispatcherKernel>(std::move(kernel)));
 }
+
+namespace detail {
+
+// `module` as the loader should open it: a relative path is found beside
+// the library that names it, if it is there.
+std::string ModulePath(const std::string& module, const std::string& library) {
+  if (module.empty() || module[0] == '/') return module;
+  const size_t slash = library.rfind('/');
+  if (slash != std::string::npos) {
+    const std::string beside = library.substr(0, slash + 1) + module;
+    if (FILE* f = std::fopen(beside.c_str(), "rb")) {
+      std::fclose(f);
+      return beside;
+    }
+  }
+  return module;
+}
+
+std::unique_ptr<torch::CppFunction> MakeTvmFfiKernel(const std::string& op, const std::string& module,
+                                                     const std::string& library, const std::string& symbol) {
+  const std::string path = ModulePath(module, library);
+  // Kept loaded for the life of the process, as the library that names it.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    throw std::runtime_error(op + ": its TVM-FFI kernel's module " + module + " cannot be loaded (" + dlerror() +
+                             "). Give the module's path, absolute or relative to this library's folder.");
+  }
+  const std::string exported = "__tvm_ffi_" + symbol;
+  auto safe_call = reinterpret_cast<OpforgeFfiSafeCall>(dlsym(handle, exported.c_str()));
+  if (safe_call == nullptr) {
+    throw std::runtime_error(op + ": " + path + " exports no TVM-FFI function '" + symbol + "' (no symbol " +
+                             exported + "). Export it with TVM_FFI_DLL_EXPORT_TYPED_FUNC(" + symbol + ", fn).");
+  }
+  std::string error;
+  const OpforgeFfiApi* api = LoadFfiApi(handle, path, &error);
+  if (api == nullptr) {
+    throw std::runtime_error(op + ": its TVM-FFI kernel " + symbol + " cannot be called: " + error +
+                             ". The module must link libtvm_ffi.");
+  }
+  void* function = nullptr;
+  if (api->function_create(nullptr, safe_call, nullptr, &function) != 0) {
+    const auto err = TakeError(*api);
+    throw std::runtime_error(op + ": its TVM-FFI kernel " + symbol + " could not be wrapped: " + err.second);
+  }
+  auto kernel = std::make_shared<FfiKernel>(op, symbol, function, api);
+  api->object_dec_ref(function);  // the kernel holds its own reference
+  return std::make_unique<torch::CppFunction>(MakeFfiDispatcherKernel(std::move(kernel)));
+}
+
+}  // namespace detail
 
 }  // namespace opforge

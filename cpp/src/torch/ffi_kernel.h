@@ -27,6 +27,8 @@ namespace opforge {
 // one `tvm_ffi.libinfo.find_libtvm_ffi()` names); a message naming what is
 // missing otherwise. Found once per process.
 const OpforgeFfiApi* LoadFfiApi(const std::string& path, std::string* error);
+// The same, from a loaded library that links libtvm_ffi (a module .so).
+const OpforgeFfiApi* LoadFfiApi(void* handle, const std::string& what, std::string* error);
 
 class FfiKernel {
  public:

@@ -14,6 +14,21 @@
 #include "opforge/detail/nodes.h"
 #include "opforge/detail/plan.h"
 
+namespace opforge {
+// A kernel that is a function exported through Apache TVM-FFI
+// (docs/tvm_ffi.md#c-libraries): `symbol` as TVM_FFI_DLL_EXPORT_TYPED_FUNC
+// names it, from `module` (a shared library's path; a relative one is found
+// beside this library), or from this library itself when `module` is empty.
+// It receives the op's flat leaves in schema order.
+//
+//   m.impl("rms_norm", c10::kCUDA, opforge::TvmFfi("rms_norm", "libnorm_ffi.so"));
+struct TvmFfi {
+  explicit TvmFfi(std::string symbol, std::string module = "") : symbol(std::move(symbol)), module(std::move(module)) {}
+  std::string symbol;
+  std::string module;
+};
+}  // namespace opforge
+
 namespace opforge::detail {
 
 // The dispatch key torch registers a device type's kernels under, for the
@@ -226,6 +241,18 @@ class LibraryApi {
     return *this;
   }
 
+  // A TVM-FFI function as the op's kernel for this block's key (every
+  // backend in an OPFORGE_LIBRARY block), or for one device type or key.
+  LibraryApi& impl(const std::string& name, const TvmFfi& fn) {
+    AddFfiKernel(name, plan_.impl_key().empty() ? "CompositeExplicitAutograd" : plan_.impl_key(), fn);
+    return *this;
+  }
+  template <class Key>
+  LibraryApi& impl(const std::string& name, Key key, const TvmFfi& fn) {
+    AddFfiKernel(name, Mode::Key(name, key), fn);
+    return *this;
+  }
+
   // The shape function torch.compile, opcheck and fake tensors use (a Meta
   // kernel); it takes the kernel's own (struct) parameters.
   template <class R, class... Args>
@@ -262,6 +289,16 @@ class LibraryApi {
     KernelName kernel_name{ns() + "::" + name, "the " + key + " kernel", plan_.ParamNames(name)};
     void* kernel = Mode::MakeKernel(backend_, fn, std::move(kernel_name));
     plan_.AddKernel(name, key, kernel, KernelSignature<R, Args...>());
+  }
+
+  void AddFfiKernel(const std::string& name, const std::string& key, const TvmFfi& fn) {
+    if (plan_.HasKernel(name, key)) {
+      plan_.Fail(ns() + "::" + name + ": a " + key + " kernel is given twice. Give one kernel per op and key.");
+      return;
+    }
+    void* kernel = Mode::MakeFfiKernel(backend_, ns() + "::" + name, fn.module.empty() ? plan_.dso() : fn.module,
+                                       plan_.dso(), fn.symbol);
+    plan_.AddKernel(name, key, kernel, "");  // no C++ signature: TVM-FFI checks its own at the call
   }
 
   LibraryPlan& plan_;

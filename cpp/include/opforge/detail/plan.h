@@ -129,7 +129,7 @@ class LibraryPlan {
     std::vector<const char*> signatures;
     for (const auto& k : kernels_) {
       kernels.push_back(OpforgeKernelV1{k.op.c_str(), k.key.c_str(), k.kernel});
-      signatures.push_back(k.signature.c_str());
+      signatures.push_back(k.signature.empty() ? nullptr : k.signature.c_str());
     }
     std::vector<OpforgeTagV1> tags;
     for (auto& t : tags_) {

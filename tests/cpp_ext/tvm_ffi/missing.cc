@@ -1,0 +1,10 @@
+// A library naming a TVM-FFI function its module does not export: a load
+// error naming the op and the symbol, and nothing of the block registered.
+#include <opforge/opforge.h>
+
+OPFORGE_LIBRARY(ffi_missing, m) {
+  m.def("fine(Tensor x) -> int");
+  m.impl("fine", opforge::TvmFfi("count", "libffi_module.so"));
+  m.def("gone(Tensor x) -> int");
+  m.impl("gone", opforge::TvmFfi("no_such_function", "libffi_module.so"));
+}

@@ -1,0 +1,90 @@
+"""An OPFORGE_LIBRARY op whose kernel is a TVM-FFI function exported by name
+from a module .so (tests/cpp_ext/tvm_ffi, docs/tvm_ffi.md#c-libraries): from
+Python, from torch.ops, compiled, and from a C++ program with no Python."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+tvm_ffi = pytest.importorskip("tvm_ffi")
+import tvm_ffi.libinfo  # noqa: E402
+
+import opforge  # noqa: E402
+from cpp_ext import build  # noqa: E402
+from kernel_library import STABLE_BUILDS  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built():
+    return build("tests/cpp_ext/tvm_ffi", "tvm_ffi", f"TVM_FFI_INCLUDE={tvm_ffi.libinfo.find_include_path()}",
+                 f"TVM_FFI_LIB={tvm_ffi.libinfo.find_libtvm_ffi()}", f"TVM_FFI_STABLE={'ON' if STABLE_BUILDS else 'OFF'}")
+
+
+@pytest.fixture(scope="module")
+def ops(built):
+    opforge.load_library(os.path.join(built, "libopforge_test_tvm_ffi.so"))
+    return opforge.ops.ffi_ext
+
+
+def ref(x, w, eps, add_one):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (w + (1.0 if add_one else 0.0))
+
+
+def test_the_struct_op_reaches_the_exported_function_with_its_fields(ops):
+    x, w, out = torch.randn(4, 16), torch.randn(16), torch.full((4, 16), float("nan"))
+    ops.rms_norm(out, x, w, cfg=opforge.structs.ffi_ext.NormCfg(eps=1e-5, add_one=True))
+    torch.testing.assert_close(out, ref(x, w, 1e-5, True))
+    out.zero_()
+    torch.ops.ffi_ext.rms_norm(out, x, w, 1e-5, False)
+    torch.testing.assert_close(out, ref(x, w, 1e-5, False))
+    assert ops.count(x) == 64
+
+
+def test_the_cpp_op_compiles_with_no_graph_break(ops):
+    x, w = torch.randn(2, 8), torch.randn(8)
+    cfg = opforge.structs.ffi_ext.NormCfg(eps=1e-6, add_one=False)
+
+    def step(x, w):
+        out = torch.empty_like(x)
+        ops.rms_norm(out, x, w, cfg=cfg)
+        return out * 2
+
+    torch.testing.assert_close(torch.compile(step, backend="aot_eager", fullgraph=True)(x, w), step(x, w))
+
+
+def test_a_kernel_error_names_the_op(ops):
+    with pytest.raises(RuntimeError, match=r"ffi_ext::rms_norm: its TVM-FFI kernel rms_norm raised InternalError:.*2-D"):
+        ops.rms_norm(torch.zeros(3), torch.zeros(3), torch.ones(3), cfg=opforge.structs.ffi_ext.NormCfg())
+
+
+def test_a_symbol_the_module_does_not_export_is_a_load_error_and_nothing_of_the_block_is_registered(built):
+    with pytest.raises(RuntimeError, match=r"ffi_missing::gone: .*exports no TVM-FFI function 'no_such_function'.*"
+                                           r"TVM_FFI_DLL_EXPORT_TYPED_FUNC\(no_such_function"):
+        opforge.load_library(os.path.join(built, "libopforge_test_tvm_ffi_missing.so"))
+    assert not hasattr(torch.ops.ffi_missing, "fine")
+
+
+@pytest.mark.skipif(not STABLE_BUILDS, reason=f"needs torch 2.10 (this is {torch.__version__}): a stable build")
+def test_a_stable_abi_library_with_a_tvm_ffi_kernel_is_a_load_error_naming_the_op(built):
+    code = textwrap.dedent(f"""
+        import opforge
+        try:
+            opforge.load_library({os.path.join(built, "libopforge_test_tvm_ffi_stable.so")!r})
+        except RuntimeError as e:
+            print(" ".join(str(e).split()))
+    """)
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr
+    assert "ffi_ext::rms_norm: a TVM-FFI kernel is not supported in a stable-ABI library yet" in child.stdout
+
+
+def test_a_cpp_program_with_no_python_calls_the_op(built):
+    child = subprocess.run([os.path.join(built, "call_ffi_op"), os.path.join(built, "libopforge_test_tvm_ffi.so")],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stdout + child.stderr
+    verdict, error, count = child.stdout.split()
+    assert verdict == "ok" and float(error) < 1e-4 and count == "128"
