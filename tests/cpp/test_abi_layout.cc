@@ -82,7 +82,7 @@ TEST_F(AbiLayout, TheBackendAndTheLibraryKeepTheirLayout) {
   EXPECT_FIELD(OpforgeBackendV1, rollback, 32, void (*)(void*));
   EXPECT_FIELD(OpforgeBackendV1, warn, 40, void (*)(void*, const char*));
 
-  EXPECT_EQ(sizeof(OpforgeLibraryV1), 192u);
+  EXPECT_EQ(sizeof(OpforgeLibraryV1), 208u);
   EXPECT_FIELD(OpforgeLibraryV1, size, 0, uint32_t);
   EXPECT_FIELD(OpforgeLibraryV1, ns, 8, const char*);
   EXPECT_FIELD(OpforgeLibraryV1, impl_key, 16, const char*);
@@ -103,6 +103,14 @@ TEST_F(AbiLayout, TheBackendAndTheLibraryKeepTheirLayout) {
   EXPECT_FIELD(OpforgeLibraryV1, backend, 136, OpforgeBackendV1);
   // A later field: the core reads it only from a library whose size covers it.
   EXPECT_FIELD(OpforgeLibraryV1, kernel_signatures, 184, const char* const*);
+  EXPECT_FIELD(OpforgeLibraryV1, ffi_kernels, 192, const OpforgeFfiKernelV1*);
+  EXPECT_FIELD(OpforgeLibraryV1, num_ffi_kernels, 200, size_t);
+
+  EXPECT_EQ(sizeof(OpforgeFfiKernelV1), 32u);
+  EXPECT_FIELD(OpforgeFfiKernelV1, op, 0, const char*);
+  EXPECT_FIELD(OpforgeFfiKernelV1, key, 8, const char*);
+  EXPECT_FIELD(OpforgeFfiKernelV1, module, 16, const char*);
+  EXPECT_FIELD(OpforgeFfiKernelV1, symbol, 24, const char*);
 }
 
 TEST_F(AbiLayout, TheStableAutogradTablesKeepTheirLayout) {

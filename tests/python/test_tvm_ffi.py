@@ -131,6 +131,30 @@ def test_a_function_taking_owned_tensors_gets_them_and_its_tensor_comes_back_wit
     assert ident.overload(x).data_ptr() == x.data_ptr()
 
 
+def test_a_kernel_allocates_its_output_with_torch_through_the_environment_allocator(mod):
+    @opforge.op(fresh("doubled"), kernel=mod.doubled, fake=lambda x: torch.empty_like(x))
+    def doubled(x: Tensor) -> Tensor: ...
+
+    x = torch.arange(4.0)
+    assert doubled(x).tolist() == [0.0, 2.0, 4.0, 6.0]
+    assert doubled.overload(x).tolist() == [0.0, 2.0, 4.0, 6.0]
+    compiled = torch.compile(lambda t: doubled(t) + 1, backend="aot_eager", fullgraph=True)
+    assert compiled(x).tolist() == [1.0, 3.0, 5.0, 7.0]
+
+
+def test_a_function_of_another_arity_keeps_tensor_views(mod):
+    # Its TypeError quotes a signature with DLTensor*, which is no sign that it takes owned tensors.
+    k = opforge._ffi.make_kernel("ns::arity", mod.scale_out)
+
+    @opforge.op(fresh("arity"), mutates_args=("out",))
+    def arity(out: Tensor, x: Tensor) -> None: ...
+
+    arity._set_kernel(None, k)
+    with pytest.raises(TypeError, match="Mismatched number of arguments"):
+        arity(torch.zeros(2), torch.ones(2))
+    assert not k.owned_tensors
+
+
 def test_scalar_returns_come_back_as_the_schema_types(mod):
     @opforge.op(fresh("add_ints"), kernel=mod.add_ints)
     def add_ints(a: int, b: int) -> int: ...

@@ -68,22 +68,29 @@ def test_a_symbol_the_module_does_not_export_is_a_load_error_and_nothing_of_the_
     assert not hasattr(torch.ops.ffi_missing, "fine")
 
 
-@pytest.mark.skipif(not STABLE_BUILDS, reason=f"needs torch 2.10 (this is {torch.__version__}): a stable build")
-def test_a_stable_abi_library_with_a_tvm_ffi_kernel_is_a_load_error_naming_the_op(built):
+STABLE = pytest.mark.skipif(not STABLE_BUILDS, reason=f"needs torch 2.10 (this is {torch.__version__}): a stable build")
+
+
+@STABLE
+def test_the_same_library_built_on_the_stable_abi_calls_the_same_function_in_its_own_process(built):
+    # Its own process: both builds define ffi_ext.
     code = textwrap.dedent(f"""
-        import opforge
-        try:
-            opforge.load_library({os.path.join(built, "libopforge_test_tvm_ffi_stable.so")!r})
-        except RuntimeError as e:
-            print(" ".join(str(e).split()))
+        import torch, opforge
+        opforge.load_library({os.path.join(built, "libopforge_test_tvm_ffi_stable.so")!r})
+        x, w, out = torch.randn(3, 8), torch.randn(8), torch.zeros(3, 8)
+        opforge.ops.ffi_ext.rms_norm(out, x, w, cfg=opforge.structs.ffi_ext.NormCfg(eps=0.5, add_one=True))
+        ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 0.5) * (w + 1)
+        print(torch.allclose(out, ref, atol=1e-5), torch.ops.ffi_ext.count(x))
     """)
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr
-    assert "ffi_ext::rms_norm: a TVM-FFI kernel is not supported in a stable-ABI library yet" in child.stdout
+    assert child.stdout.split() == ["True", "24"]
 
 
-def test_a_cpp_program_with_no_python_calls_the_op(built):
-    child = subprocess.run([os.path.join(built, "call_ffi_op"), os.path.join(built, "libopforge_test_tvm_ffi.so")],
+@pytest.mark.parametrize("abi", ["unstable", pytest.param("stable", marks=STABLE)])
+def test_a_cpp_program_with_no_python_calls_the_op(built, abi):
+    library = "libopforge_test_tvm_ffi.so" if abi == "unstable" else "libopforge_test_tvm_ffi_stable.so"
+    child = subprocess.run([os.path.join(built, "call_ffi_op"), os.path.join(built, library)],
                            capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stdout + child.stderr
     verdict, error, count = child.stdout.split()

@@ -11,6 +11,7 @@ SOURCE = r"""
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/string.h>
 
@@ -77,6 +78,13 @@ void affine(ffi::TensorView out, ffi::TensorView x, bool present, ffi::Optional<
 }
 
 ffi::Tensor ident(ffi::Tensor x) { return x; }
+
+// A new tensor x * 2, allocated through TVM-FFI's environment allocator.
+ffi::Tensor doubled(ffi::TensorView x) {
+  ffi::Tensor out = ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, x.shape(), x.dtype(), x.device());
+  scale_out(out, x, 2.0);
+  return out;
+}
 int64_t add_ints(int64_t a, int64_t b) { return a + b; }
 double half(double a) { return a / 2; }
 int64_t sum_list(ffi::Array<int64_t> xs) {
@@ -92,7 +100,7 @@ int64_t dtype_bits(DLDataType dt) { return dt.bits; }
 """
 
 FUNCTIONS = ["rms_norm", "scale_out", "pick", "affine", "ident", "add_ints", "half", "sum_list", "fill_all",
-             "takes_int", "dtype_bits"]
+             "takes_int", "dtype_bits", "doubled"]
 
 _MODULE: list = []
 

@@ -65,6 +65,16 @@ typedef struct OpforgeKernelV1 {
   void* kernel;
 } OpforgeKernelV1;
 
+/* A kernel that is a function exported through Apache TVM-FFI:
+ * `m.impl(name, key, opforge::TvmFfi(symbol, module))`. opforge's torch layer
+ * registers it, the same for both ABI modes. */
+typedef struct OpforgeFfiKernelV1 {
+  const char* op;     /* the op's name in the namespace */
+  const char* key;    /* a dispatch key name, as OpforgeKernelV1's */
+  const char* module; /* the module .so's path; a relative one is found beside `dso` */
+  const char* symbol; /* as TVM_FFI_DLL_EXPORT_TYPED_FUNC names it (exported as __tvm_ffi_<symbol>) */
+} OpforgeFfiKernelV1;
+
 /* `.arg_tag(tag, names)` / `.symm_mem_args(names)`. */
 typedef struct OpforgeTagV1 {
   const char* op;
@@ -111,6 +121,10 @@ typedef struct OpforgeLibraryV1 {
    * ("Tensor, NormCfg?, float -> Tensor"), checked against the op's schema.
    * A later field: libraries built before it end at `backend` (see size). */
   const char* const* kernel_signatures;
+  /* Kernels exported through TVM-FFI. A later field: libraries built before
+   * it end at `kernel_signatures` (see size). */
+  const OpforgeFfiKernelV1* ffi_kernels;
+  size_t num_ffi_kernels;
 } OpforgeLibraryV1;
 
 /* A C++ backward of a library on torch's stable ABI, which has no autograd:

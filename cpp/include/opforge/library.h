@@ -310,12 +310,6 @@ class UnstableBackend {
   std::map<std::string, const std::type_info*> own_signatures_;  // by "ns::op"; null: flat
 };
 
-// A boxed kernel calling the TVM-FFI function `symbol` of `module` (a
-// relative path is found beside `library`); throws what names the op where
-// the module or symbol cannot be found.
-std::unique_ptr<torch::CppFunction> MakeTvmFfiKernel(const std::string& op, const std::string& module,
-                                                     const std::string& library, const std::string& symbol);
-
 // Registers G as the backward of `qualified` with the backend's library;
 // see opforge/backward.h.
 using AutogradRegistrarFn = void (*)(torch::Library& lib, const std::string& qualified);
@@ -338,14 +332,6 @@ struct UnstableMode {
   }
   static std::string Key(const std::string&, c10::DeviceType device) { return KeyName(device); }
   static std::string Key(const std::string&, c10::DispatchKey key) { return KeyName(key); }
-  // The torch layer's boxed kernel over `symbol` of `module` (torch/ffi_kernel.cc).
-  static void* MakeFfiKernel(UnstableBackend& backend, const std::string& op, const std::string& module,
-                             const std::string& library, const std::string& symbol) {
-    auto forms = std::make_unique<KernelForms>();
-    forms->op = op;
-    forms->flat = MakeTvmFfiKernel(op, module, library, symbol);
-    return backend.Keep(std::move(forms));
-  }
 };
 
 }  // namespace detail

@@ -17,6 +17,7 @@
 #include "core/libraries.h"
 #include "core/spec.h"
 #include "core/tags.h"
+#include "core/torch_layer.h"
 #include "opforge/version.h"
 
 namespace opforge {
@@ -69,6 +70,8 @@ class Commit {
 
   // Undoes what Run did before it failed.
   void Rollback() {
+    for (auto it = ffi_registrations_.rbegin(); it != ffi_registrations_.rend(); ++it) torch_layer_->release(*it);
+    ffi_registrations_.clear();
     if (registered_ && lib_.backend.rollback) lib_.backend.rollback(lib_.backend.ctx);
     for (const auto& [op, tag] : tagged_) TagRegistry::Global().Set(op, tag, {});
     for (const auto& name : specs_) OpSpecRegistry::Global().Remove(name);
@@ -305,6 +308,31 @@ class Commit {
       const OpforgeKernelV1& k = lib_.kernels[i];
       CheckBackend(b.impl(b.ctx, k.op, k.key, k.kernel), ns_ + "::" + Str(k.op), Str(k.key) + " kernel");
     }
+    RegisterFfiKernels();
+  }
+
+  // TVM-FFI kernels, registered by the torch layer in both ABI modes.
+  void RegisterFfiKernels() {
+    if (lib_.size < offsetof(OpforgeLibraryV1, num_ffi_kernels) + sizeof(lib_.num_ffi_kernels)) return;
+    for (size_t i = 0; i < lib_.num_ffi_kernels; ++i) {
+      const OpforgeFfiKernelV1& k = lib_.ffi_kernels[i];
+      const std::string op = ns_ + "::" + Str(k.op);
+      if (!FindLowered(op)) {
+        throw Error(ErrorKind::kLookupError, op, Str(k.key) + " kernel", "the op is not defined in this library block.",
+                    "Define it with m.def(schema) in the block that gives its TVM-FFI kernel.");
+      }
+      if (torch_layer_ == nullptr) {
+        std::string why;
+        torch_layer_ = TorchLayer(&why);
+        if (torch_layer_ == nullptr) {
+          throw Error(ErrorKind::kLookupError, op, Str(k.key) + " kernel",
+                      "its TVM-FFI kernel needs opforge's torch layer: " + why + ".",
+                      "Load libopforge_torch.so (opforge/lib/) before this library, or import opforge.");
+        }
+      }
+      ffi_registrations_.push_back(
+          torch_layer_->register_ffi_kernel(op, Str(k.key), Str(k.module), Str(lib_.dso), Str(k.symbol)));
+    }
   }
 
   // A C++ backward reads its op's lowered spec, so the specs go in first.
@@ -390,6 +418,8 @@ class Commit {
   std::vector<std::string> warnings_;
   std::vector<std::string> specs_;
   std::vector<std::pair<std::string, std::string>> tagged_;
+  const TorchLayerHooks* torch_layer_ = nullptr;
+  std::vector<void*> ffi_registrations_;
   bool registered_ = false;
 };
 

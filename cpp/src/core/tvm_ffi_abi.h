@@ -98,6 +98,9 @@ struct OpforgeFfiApi {
   int (*tensor_from_dlpack)(void* managed, int32_t require_alignment, int32_t require_contiguous, void** out);
   int (*tensor_to_dlpack)(void* tensor, void** managed);
   int (*function_create)(void* self, OpforgeFfiSafeCall safe_call, void (*deleter)(void* self), void** out);
+  // TVMFFIEnvSetDLPackManagedTensorAllocator: `allocator` is DLPack's
+  // DLPackManagedTensorAllocator, which TVMFFIEnvTensorAlloc calls.
+  int (*env_set_allocator)(void* allocator, int32_t write_to_global_context, void** original);
 };
 
 }  // namespace opforge

@@ -11,6 +11,9 @@
 #include <dlfcn.h>
 #include <torch/library.h>
 
+#include "core/torch_layer.h"
+#include "torch/registration.h"
+
 #include <atomic>
 #include <cstdio>
 #include <stdexcept>
@@ -72,6 +75,36 @@ OpforgeFfiAny Int(int64_t v) {
   return a;
 }
 
+// What TVMFFIEnvTensorAlloc allocates with while opforge calls a kernel
+// (ffi::Tensor::FromEnvAlloc): torch's allocator, as TVM-FFI's own torch
+// glue sets it.
+int TorchAllocator(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ctx,
+                   void (*set_error)(void* error_ctx, const char* kind, const char* message)) {
+  try {
+    c10::Device device(c10::DeviceType::CPU);
+    switch (prototype->device.device_type) {
+      case kDLCPU:
+        break;
+      case kDLCUDA:
+        device = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(prototype->device.device_id));
+        break;
+      case kDLROCM:
+        device = c10::Device(c10::DeviceType::HIP, static_cast<c10::DeviceIndex>(prototype->device.device_id));
+        break;
+      default:
+        set_error(error_ctx, "ValueError", "opforge's allocator takes CPU, CUDA and ROCm devices only");
+        return -1;
+    }
+    at::Tensor t = at::empty(at::IntArrayRef(prototype->shape, prototype->shape + prototype->ndim),
+                             at::TensorOptions().dtype(at::toScalarType(prototype->dtype)).device(device));
+    *out = at::toDLPackVersioned(t);
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(error_ctx, "MemoryError", e.what());
+    return -1;
+  }
+}
+
 // The function "ffi.Array", which builds an Array of its arguments.
 void* ArrayConstructor(const OpforgeFfiApi& api) {
   static void* ctor = [&] {
@@ -122,6 +155,7 @@ const OpforgeFfiApi* LoadFfiApi(void* lib, const std::string& path, std::string*
       {"TVMFFITensorFromDLPack", reinterpret_cast<void**>(&api.tensor_from_dlpack)},
       {"TVMFFITensorToDLPack", reinterpret_cast<void**>(&api.tensor_to_dlpack)},
       {"TVMFFIFunctionCreate", reinterpret_cast<void**>(&api.function_create)},
+      {"TVMFFIEnvSetDLPackManagedTensorAllocator", reinterpret_cast<void**>(&api.env_set_allocator)},
   };
   for (const Entry& e : entries) {
     *e.slot = dlsym(lib, e.name);
@@ -391,15 +425,19 @@ void FfiKernel::Call(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValu
       void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
       api_->env_set_stream(kDLCUDA, cuda, stream, &previous);
     }
+    void* previous_allocator = nullptr;
+    api_->env_set_allocator(reinterpret_cast<void*>(&TorchAllocator), 0, &previous_allocator);
     OpforgeFfiAny result = None();
     const int rc = api_->function_call(function_, anys.data(), static_cast<int32_t>(anys.size()), &result);
+    api_->env_set_allocator(previous_allocator, 0, nullptr);
     if (cuda >= 0) api_->env_set_stream(kDLCUDA, cuda, previous, nullptr);
     if (rc != 0) {
       auto err = TakeError(*api_);
       // A function that takes ffi::Tensor rejects a DLTensor view before
       // its body runs: it gets owned Tensors from now on.
       if (attempt == 0 && !owned_tensors_ && err.first == "TypeError" &&
-          err.second.find("DLTensor*") != std::string::npos) {
+          err.second.find("Mismatched type on argument") != std::string::npos &&
+          err.second.find("but got `DLTensor*`") != std::string::npos) {
         owned_tensors_ = true;
         continue;
       }
@@ -473,8 +511,10 @@ std::string ModulePath(const std::string& module, const std::string& library) {
   return module;
 }
 
-std::unique_ptr<torch::CppFunction> MakeTvmFfiKernel(const std::string& op, const std::string& module,
-                                                     const std::string& library, const std::string& symbol) {
+// The torch layer's hook for the core (core/torch_layer.h): `symbol` of
+// `module` as `op`'s boxed kernel for `key`.
+void* RegisterFfiKernel(const std::string& op, const std::string& key, const std::string& module,
+                        const std::string& library, const std::string& symbol) {
   const std::string path = ModulePath(module, library);
   // Kept loaded for the life of the process, as the library that names it.
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -501,8 +541,12 @@ std::unique_ptr<torch::CppFunction> MakeTvmFfiKernel(const std::string& op, cons
   }
   auto kernel = std::make_shared<FfiKernel>(op, symbol, function, api);
   api->object_dec_ref(function);  // the kernel holds its own reference
-  return std::make_unique<torch::CppFunction>(MakeFfiDispatcherKernel(std::move(kernel)));
+  return RegisterBoxed(op, {c10::parseDispatchKey(key)}, [&] { return MakeFfiDispatcherKernel(kernel); }).release();
 }
+
+void ReleaseFfiKernel(void* registration) { delete static_cast<KernelRegistration*>(registration); }
+
+const bool kHooked = (SetTorchLayerHooks({&RegisterFfiKernel, &ReleaseFfiKernel}), true);
 
 }  // namespace detail
 

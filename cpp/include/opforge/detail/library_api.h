@@ -296,9 +296,8 @@ class LibraryApi {
       plan_.Fail(ns() + "::" + name + ": a " + key + " kernel is given twice. Give one kernel per op and key.");
       return;
     }
-    void* kernel = Mode::MakeFfiKernel(backend_, ns() + "::" + name, fn.module.empty() ? plan_.dso() : fn.module,
-                                       plan_.dso(), fn.symbol);
-    plan_.AddKernel(name, key, kernel, "");  // no C++ signature: TVM-FFI checks its own at the call
+    // Registered by opforge's torch layer at commit, in both ABI modes.
+    plan_.AddFfiKernel(name, key, fn.module.empty() ? plan_.dso() : fn.module, fn.symbol);
   }
 
   LibraryPlan& plan_;

@@ -94,7 +94,14 @@ class LibraryPlan {
     for (const auto& k : kernels_) {
       if (k.op == op && k.key == key) return true;
     }
+    for (const auto& k : ffi_kernels_) {
+      if (k.op == op && k.key == key) return true;
+    }
     return false;
+  }
+  // A TVM-FFI function as `op`'s kernel for `key` (opforge::TvmFfi).
+  void AddFfiKernel(std::string op, std::string key, std::string module, std::string symbol) {
+    ffi_kernels_.push_back(FfiKernel{std::move(op), std::move(key), std::move(module), std::move(symbol)});
   }
 
   void AddTag(std::string op, std::string tag, std::vector<std::string> names) {
@@ -129,7 +136,7 @@ class LibraryPlan {
     std::vector<const char*> signatures;
     for (const auto& k : kernels_) {
       kernels.push_back(OpforgeKernelV1{k.op.c_str(), k.key.c_str(), k.kernel});
-      signatures.push_back(k.signature.empty() ? nullptr : k.signature.c_str());
+      signatures.push_back(k.signature.c_str());
     }
     std::vector<OpforgeTagV1> tags;
     for (auto& t : tags_) {
@@ -158,6 +165,12 @@ class LibraryPlan {
     lib.num_tags = tags.size();
     lib.backend = backend;
     lib.kernel_signatures = signatures.data();
+    std::vector<OpforgeFfiKernelV1> ffi_kernels;
+    for (const auto& k : ffi_kernels_) {
+      ffi_kernels.push_back(OpforgeFfiKernelV1{k.op.c_str(), k.key.c_str(), k.module.c_str(), k.symbol.c_str()});
+    }
+    lib.ffi_kernels = ffi_kernels.data();
+    lib.num_ffi_kernels = ffi_kernels.size();
     char error[2048] = "";
     if (abi->commit_library(&lib, error, sizeof error) != 0) return error;
     return "";
@@ -175,6 +188,9 @@ class LibraryPlan {
     std::string key;
     void* kernel;
     std::string signature;  // KernelSignature
+  };
+  struct FfiKernel {
+    std::string op, key, module, symbol;
   };
   struct Tag {
     std::string op;
@@ -222,6 +238,7 @@ class LibraryPlan {
   TypeDecls types_;
   std::vector<Op> ops_;
   std::vector<Kernel> kernels_;
+  std::vector<FfiKernel> ffi_kernels_;
   std::vector<Tag> tags_;
   std::string error_;
 };

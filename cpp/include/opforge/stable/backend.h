@@ -104,12 +104,6 @@ struct StableMode {
         "PrivateUse1; for another dispatch key, name it as a string: m.impl(\"" + op + "\", \"<key>\", &fn).");
   }
   static std::string Key(const std::string&, const char* key) { return key; }
-  static void* MakeFfiKernel(StableBackend&, const std::string& op, const std::string&, const std::string&,
-                             const std::string&) {
-    throw std::invalid_argument(op + ": a TVM-FFI kernel is not supported in a stable-ABI library yet. Build this "
-                                "library on libtorch's C++ API (opforge_add_library without STABLE), see "
-                                "docs/tvm_ffi.md#c-libraries.");
-  }
 };
 
 // Runs an OPFORGE_LIBRARY block at load, then commits it; a failure is a
