@@ -8,7 +8,6 @@ struct <= 1.0x the direct call).
 Needs a CUDA GPU, apache-tvm-ffi and nvidia-cutlass-dsl.
 """
 
-from __future__ import annotations
 
 import argparse
 import dataclasses

@@ -20,7 +20,15 @@ PyFfiKernel* AsFfiKernel(PyObject* obj) {
 }
 
 PyObject* CallFfi(const PyFfiKernel& k, Boundary& boundary, PyObject* const* converted) {
-  std::vector<c10::IValue> args;
+  // One buffer per thread for the flat leaves, emptied after each call: an
+  // eager call then allocates nothing for them.
+  thread_local std::vector<c10::IValue> buffer;
+  std::vector<c10::IValue> spare;
+  std::vector<c10::IValue>& args = buffer.empty() ? buffer : spare;  // a kernel may call an op again
+  struct Clear {
+    std::vector<c10::IValue>& v;
+    ~Clear() { v.clear(); }
+  } clear{args};
   if (!boundary.Flatten(converted, args)) return nullptr;
   std::vector<c10::IValue> out;
   if (k.release_gil) {

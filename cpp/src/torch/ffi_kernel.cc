@@ -324,7 +324,7 @@ class ArgWriter {
   const FfiKernel& kernel_;
   const OpforgeFfiApi& api_;
   bool owned_;
-  std::vector<DLTensor> views_;
+  c10::SmallVector<DLTensor, 8> views_;
   Temporaries temps_;
   int cuda_device_ = -1;
 };
