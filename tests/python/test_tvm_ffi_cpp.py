@@ -95,3 +95,41 @@ def test_a_cpp_program_with_no_python_calls_the_op(built, abi):
     assert child.returncode == 0, child.stdout + child.stderr
     verdict, error, count = child.stdout.split()
     assert verdict == "ok" and float(error) < 1e-4 and count == "128"
+
+
+EXPORT = """
+import sys, torch, opforge
+opforge.load_library(sys.argv[1])
+cfg = opforge.structs.ffi_ext.NormCfg(eps=1e-5, add_one=True)
+
+
+class Model(torch.nn.Module):
+    def forward(self, x, w):
+        out = torch.empty_like(x)
+        opforge.ops.ffi_ext.rms_norm(out, x, w, cfg=cfg)
+        return out * 2
+
+
+x = torch.sin(torch.arange(4 * 32, dtype=torch.float32)).reshape(4, 32)
+w = torch.cos(torch.arange(32, dtype=torch.float32))
+ep = torch.export.export(Model(), (x, w))
+path = torch._inductor.aoti_compile_and_package(ep, package_path=sys.argv[2])
+# The package from Python too, in this fresh process.
+loaded = torch._inductor.aoti_load_package(path)
+print("python", torch.equal(loaded(x, w), Model()(x, w)))
+"""
+
+
+@pytest.mark.parametrize("abi", ["unstable", pytest.param("stable", marks=STABLE)])
+def test_an_aotinductor_package_of_a_model_using_the_op_runs_in_a_cpp_program_bitwise_equal_to_eager(built, abi):
+    library = os.path.join(built, "libopforge_test_tvm_ffi.so" if abi == "unstable" else
+                           "libopforge_test_tvm_ffi_stable.so")
+    package = os.path.join(built, f"model_{abi}.pt2")
+    exported = subprocess.run([sys.executable, "-c", EXPORT, library, package], capture_output=True, text=True,
+                              timeout=600)
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    assert exported.stdout.split()[-2:] == ["python", "True"], exported.stdout
+    child = subprocess.run([os.path.join(built, "run_aoti"), library, package], capture_output=True, text=True,
+                           timeout=300, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert child.returncode == 0, child.stdout + child.stderr
+    assert child.stdout.strip() == "bitwise"
