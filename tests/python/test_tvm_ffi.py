@@ -270,6 +270,18 @@ def test_a_backward_through_an_ffi_op_compiles_forward_and_backward(scaled):
     torch.testing.assert_close(x.grad, torch.full((6,), 3.0))
 
 
+def test_an_ffi_kernel_op_with_a_backward_passes_gradcheck_eagerly_and_compiled(mod):
+    @opforge.op(fresh("doubled"), kernel=mod.doubled, fake=lambda x: torch.empty_like(x),
+                backward=lambda ctx, g: g * 2)
+    def doubled(x: Tensor) -> Tensor: ...
+
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(doubled, (x,))
+    compiled = torch.compile(lambda t: doubled(t).sum(), backend="aot_eager", fullgraph=True)
+    compiled(x).backward()
+    torch.testing.assert_close(x.grad, torch.full((4,), 2.0, dtype=torch.float64))
+
+
 def test_a_backward_calling_a_raw_ffi_function_says_to_make_it_an_op_when_compiled(mod):
     def backward(ctx, g):
         g = g.contiguous()
