@@ -31,8 +31,8 @@ def build(build_dir: str) -> str:
 
 
 def measure(build_dir: str, pairs: int) -> list[dict]:
-    out = subprocess.run([os.path.join(build_dir, "bench_ffi_call"), os.path.join(build_dir, "libopforge_bench_tvm_ffi.so"),
-                          os.path.join(build_dir, "libbench_ffi_module.so"), str(pairs)],
+    out = subprocess.run([os.path.join(build_dir, "bench_ffi_call"), os.path.join(build_dir, "libopforge_test_tvm_ffi.so"),
+                          os.path.join(build_dir, "libffi_module.so"), str(pairs)],
                          capture_output=True, text=True, check=True).stdout
     rows = []
     for line in out.splitlines():

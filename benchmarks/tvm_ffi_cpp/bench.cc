@@ -4,7 +4,7 @@
 // per kernel, size and way of calling (opforge::Call looks the op up by name
 // each call, an OpRef once): "<kernel> <rows>x<cols> <way> <direct ns> <op ns> <q1> <median> <q3>".
 //
-//   bench_ffi_call libopforge_bench_tvm_ffi.so libbench_ffi_module.so 41
+//   bench_ffi_call libopforge_test_tvm_ffi.so libffi_module.so 41
 #include <ATen/ATen.h>
 #include <ATen/DLConvertor.h>
 #include <dlfcn.h>
@@ -17,13 +17,8 @@
 #include <string>
 #include <vector>
 
-namespace bench_ffi {
-struct NormCfg {
-  double eps = 1e-6;
-  bool add_one = false;
-};
-OPFORGE_STRUCT(NormCfg, eps, add_one);
-}  // namespace bench_ffi
+#include "norm_cfg.h"
+
 
 namespace {
 
@@ -75,10 +70,10 @@ int main(int argc, char** argv) {
   const std::pair<int64_t, int64_t> sizes[] = {{4, 128}, {256, 4096}};
   for (const char* kernel : {"noop", "rms_norm"}) {
     auto f = reinterpret_cast<SafeCall>(dlsym(module, (std::string("__tvm_ffi_") + kernel).c_str()));
-    const std::string op = std::string("bench_ffi::") + kernel;
+    const std::string op = std::string("ffi_ext::") + kernel;
     for (auto [rows, cols] : sizes) {
       at::Tensor x = at::randn({rows, cols}), w = at::randn({cols}), out = at::empty({rows, cols});
-      const bench_ffi::NormCfg cfg{1e-6, true};
+      const ffi_ext::NormCfg cfg{1e-6, true};
       auto direct = [&] { Direct(f, out, x, w, cfg.eps, cfg.add_one); };
       const opforge::OpRef ref(op.c_str());
       const double per_call = std::max(Burst(20, direct), 1.0);

@@ -74,3 +74,16 @@ def test_the_equality_check_names_a_row_whose_output_differs():
     statements["custom_op"] += " or out.view(-1)[0].add_(1e-3)"  # the row writes one element off
     with pytest.raises(AssertionError, match="'custom_op' row's output differs"):
         bench.check_equal(ways, "cpu")
+
+
+def test_the_cpp_benchmark_reports_each_kernel_size_and_way_of_calling():
+    import bench_tvm_ffi_cpp
+
+    from cpp_ext import BUILD
+
+    rows = bench_tvm_ffi_cpp.measure(bench_tvm_ffi_cpp.build(os.path.join(BUILD, "bench_tvm_ffi_cpp")), pairs=2)
+    assert sorted((r["kernel"], r["size"], r["way"]) for r in rows) == sorted(
+        (k, s, w) for k in ("noop", "rms_norm") for s in ("4x128", "256x4096") for w in ("Call", "OpRef"))
+    for r in rows:
+        assert positive_finite(r["direct_ns"]) and positive_finite(r["op_ns"]) and r["q1"] <= r["ratio"] <= r["q3"]
+    assert "opforge::OpRef" in bench_tvm_ffi_cpp.render(rows)

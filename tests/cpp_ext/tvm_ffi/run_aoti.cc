@@ -10,13 +10,8 @@
 
 #include <cstdio>
 
-namespace ffi_ext {
-struct NormCfg {
-  double eps = 1e-6;
-  bool add_one = false;
-};
-OPFORGE_STRUCT(NormCfg, eps, add_one);
-}  // namespace ffi_ext
+#include "norm_cfg.h"
+
 
 int main(int argc, char** argv) {
   if (argc != 3) return 2;
