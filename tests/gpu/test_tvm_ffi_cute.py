@@ -2,7 +2,8 @@
 (docs/tvm_ffi.md#cute-dsl): eager, compiled, in a CUDA graph, on the
 environment stream TVM-FFI takes from torch's current stream."""
 
-import dataclasses
+import os
+import sys
 
 import pytest
 import torch
@@ -15,34 +16,14 @@ if not torch.cuda.is_available():
 
 import opforge  # noqa: E402
 
-
-@dataclasses.dataclass(frozen=True)
-class Shift:
-    value: float = 1.0
-
-
-@cute.kernel
-def _add_kernel(a: cute.Tensor, b: cute.Tensor, c: cute.Float32):
-    cta, _, _ = cute.arch.block_idx()
-    tid, _, _ = cute.arch.thread_idx()
-    i = cta * 128 + tid
-    if i < a.shape[0]:
-        b[i] = a[i] + c
-
-
-@cute.jit
-def _add(a: cute.Tensor, b: cute.Tensor, c: cute.Float32, stream):
-    n = a.shape[0]
-    _add_kernel(a, b, c).launch(grid=((n + 127) // 128, 1, 1), block=(128, 1, 1), stream=stream)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "benchmarks"))
+import bench_tvm_ffi_cute as bench  # noqa: E402
+from bench_tvm_ffi_cute import Shift  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    n = cute.sym_int()
-    a = cute.runtime.make_fake_compact_tensor(cute.Float32, (n,))
-    b = cute.runtime.make_fake_compact_tensor(cute.Float32, (n,))
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(_add, a, b, cute.Float32(0.0), stream, options="--enable-tvm-ffi")
+    return bench.build()  # out = a + c over a 1-D float32 tensor, on TVM-FFI's environment stream
 
 
 @pytest.fixture(scope="module")
