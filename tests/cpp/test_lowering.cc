@@ -36,16 +36,29 @@ class LoweringTest : public ::testing::Test {
   TypeRegistry registry_;
 };
 
-TEST_F(LoweringTest, AnOpPastTorchsArgumentLimitIsRefusedNamingTheCount) {
+TEST_F(LoweringTest, AnOpPastTorchsArgumentLimitIsRefusedNamingTheCountAndTheParameterThatBringsIt) {
   std::vector<FieldText> fields;
   for (int i = 0; i < 64; ++i) fields.push_back({"f" + std::to_string(i), "float", std::nullopt});
   AddStruct("Wide", fields);
   // 64 leaves: torch's limit, still accepted; one tensor more is not.
   EXPECT_EQ(Lower("ns::ok(Wide cfg) -> ()").flat.arguments.size(), 64u);
   EXPECT_EQ(ErrorOf("ns::wide(Tensor x, Wide cfg) -> Tensor"),
-            "ns::wide: lowers to 65 flat arguments (each struct field is one); torch's dispatcher takes at most 64. "
+            "ns::wide: lowers to 65 flat arguments (each struct field is one: parameter 'cfg' brings 64); torch's "
+            "dispatcher takes at most 64. "
             "Take fewer leaves: keep rarely-set fields out of the op's structs (a Handle carries any object as one "
             "argument), or split the op.");
+}
+
+TEST_F(LoweringTest, AnOpNameWithANulByteIsRefusedShowingTheByte) {
+  std::string message;
+  try {
+    CheckOpName(std::string("ns::f\0g", 7));
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_EQ(message,
+            "ns::f\\x00g: the op name holds the control byte \\x00 at position 5 (a NUL byte, which ends the name for "
+            "torch). Use letters, digits and underscores: 'namespace::name'.");
 }
 
 TEST_F(LoweringTest, FlatSignatureLowersToItself) {

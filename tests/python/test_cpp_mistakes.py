@@ -173,3 +173,15 @@ def test_call_with_a_return_type_or_arguments_unlike_the_op_is_refused_before_re
                                     f"defaults included."), out
     else:
         assert out[2] == out[3] and out[2].startswith("RuntimeError: ") and "mistakes_unstable::throws" in out[2], out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_call_of_an_op_that_does_not_exist_names_the_op_and_what_to_check(built, mode):
+    out = run(built, mode, """
+        x = torch.ones(2)
+        print(outcome(ops.calls_wrongly, x, 2))
+        print(outcome(flat.calls_wrongly, x, 2))
+    """).splitlines()
+    assert out[0] == out[1], out
+    assert out[0].startswith(f"RuntimeError: mistakes_{mode}::no_such_op: opforge::Call could not call this op"), out
+    assert "load the library that defines it before the call." in out[0], out

@@ -343,7 +343,7 @@ def test_typing_forward_ref_objects_resolve(ns):
     assert torch.equal(op(torch.ones(1), Scalars(2.0)), torch.full((1,), 2.0))
 
 
-def test_an_op_whose_struct_leaves_pass_torchs_argument_limit_is_refused_naming_the_count(ns):
+def test_an_op_whose_struct_leaves_pass_torchs_argument_limit_is_refused_naming_the_count_and_the_parameter(ns):
     import dataclasses
 
     Wide = dataclasses.make_dataclass("Wide", [(f"f{i}", float) for i in range(70)], frozen=True)
@@ -352,11 +352,23 @@ def test_an_op_whose_struct_leaves_pass_torchs_argument_limit_is_refused_naming_
         return x.clone()
 
     name = f"{ns}::wide"
-    with pytest.raises(ValueError, match=rf"^{name}: lowers to 71 flat arguments \(each struct field is one\); "
-                                         r"torch's dispatcher takes at most 64\. Take fewer leaves"):
+    with pytest.raises(ValueError, match=rf"^{name}: lowers to 71 flat arguments \(each struct field is one: "
+                                         r"parameter 'cfg' brings 70\); torch's dispatcher takes at most 64\. "
+                                         r"Take fewer leaves"):
         opforge.op(name)(body)
     assert not in_torch_ops(name)
     assert name not in _op.registered_ops()
+
+
+def test_an_op_name_with_a_nul_byte_says_what_is_wrong_and_shows_the_byte(ns):
+    def f(x: Tensor) -> Tensor:
+        return x
+
+    with pytest.raises(ValueError) as e:
+        opforge.op(f"{ns}::f\x00g")(f)
+    assert str(e.value) == (f"{ns}::f\\x00g: the op name holds the control byte \\x00 at position "
+                            f"{len(ns) + 3} (a NUL byte, which ends the name for torch). Use letters, digits and "
+                            f"underscores: 'namespace::name'.")
 
 
 def test_a_parameter_name_torch_cannot_hold_is_refused_naming_it(ns):

@@ -18,6 +18,8 @@
 #include <ATen/core/ivalue.h>
 
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -76,7 +78,7 @@ struct IValueSlots {
 // One op, looked up once.
 class OpRef {
  public:
-  explicit OpRef(const char* qualified) : op_(c10::Dispatcher::singleton().findSchemaOrThrow(qualified, "")) {}
+  explicit OpRef(const char* qualified) : op_(Find(qualified)) {}
 
   template <class R = void, class... Args>
   R call(const Args&... args) const {
@@ -98,6 +100,23 @@ class OpRef {
   const c10::OperatorHandle& handle() const { return op_; }
 
  private:
+  // "ns::op" or "ns::op.overload", as the stable mode's Call takes it.
+  static c10::OperatorHandle Find(const char* qualified) {
+    std::string name(qualified);
+    std::string overload;
+    if (auto dot = name.find('.', name.find("::")); dot != std::string::npos) {
+      overload = name.substr(dot + 1);
+      name = name.substr(0, dot);
+    }
+    auto op = c10::Dispatcher::singleton().findSchema({name, overload});
+    if (!op) {
+      throw std::runtime_error(name + ": opforge::Call could not call this op. No op of this name is registered "
+                               "with torch's dispatcher: check it ('namespace::op' or 'namespace::op.overload') "
+                               "and load the library that defines it before the call.");
+    }
+    return *op;
+  }
+
   c10::OperatorHandle op_;
 };
 

@@ -1,5 +1,6 @@
 // Lowering: op spec -> flat torch schema + mapping tree (docs/python_ops.md).
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -101,9 +102,26 @@ class Lowerer {
   void CheckArgumentCount() const {
     const size_t n = out_.flat.arguments.size();
     if (n <= kMaxArguments) return;
+    // Which parameters bring the leaves, the most first: "parameter 'cfg' brings 70".
+    std::vector<std::pair<size_t, std::string>> counts;
+    for (const auto& leaf : out_.leaves) {
+      const std::string param = leaf.path.substr(0, leaf.path.find('.'));
+      auto it = std::find_if(counts.begin(), counts.end(), [&](const auto& c) { return c.second == param; });
+      if (it == counts.end()) {
+        counts.emplace_back(1, param);
+      } else {
+        ++it->first;
+      }
+    }
+    std::stable_sort(counts.begin(), counts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::string brings;
+    for (const auto& [count, param] : counts) {
+      if (count < 2 && !brings.empty()) break;
+      brings += (brings.empty() ? "" : ", ") + std::string("parameter '") + param + "' brings " + std::to_string(count);
+    }
     throw Error(ErrorKind::kValueError, op_, "",
-                "lowers to " + std::to_string(n) + " flat arguments (each struct field is one); torch's dispatcher "
-                "takes at most " + std::to_string(kMaxArguments) + ".",
+                "lowers to " + std::to_string(n) + " flat arguments (each struct field is one: " + brings +
+                    "); torch's dispatcher takes at most " + std::to_string(kMaxArguments) + ".",
                 "Take fewer leaves: keep rarely-set fields out of the op's structs (a Handle carries any object "
                 "as one argument), or split the op.");
   }
@@ -420,6 +438,23 @@ std::vector<int> ResolveTensorLeafIndices(const LoweredOp& op, const std::vector
 }
 
 void CheckOpName(const std::string& name) {
+  // A NUL or other control byte: printed raw, the message would end at it.
+  for (size_t i = 0; i < name.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(name[i]);
+    if (c >= 0x20 && c != 0x7f) continue;
+    std::string shown;
+    for (unsigned char b : name) {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", b);
+      shown += b >= 0x20 && b != 0x7f ? std::string(1, static_cast<char>(b)) : std::string(hex);
+    }
+    char code[5];
+    std::snprintf(code, sizeof code, "\\x%02x", c);
+    throw Error(ErrorKind::kValueError, shown, "",
+                std::string("the op name holds the control byte ") + code + " at position " + std::to_string(i) +
+                    (c == 0 ? " (a NUL byte, which ends the name for torch)." : "."),
+                "Use letters, digits and underscores: 'namespace::name'.");
+  }
   const size_t sep = name.find("::");
   if (sep == std::string::npos || sep == 0 || sep + 2 >= name.size() || name.find("::", sep + 2) != std::string::npos) {
     throw Error(ErrorKind::kValueError, name, "", "the op name must have the form 'namespace::name'.",

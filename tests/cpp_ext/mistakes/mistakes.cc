@@ -65,9 +65,11 @@ std::vector<Tensor> UndefinedInList(const Tensor& x) { return {x, Tensor()}; }
 #define MISTAKES_STR(x) MISTAKES_STR2(x)
 
 // opforge::Call with a return type of two tensors for an op of one
-// (`wrong == 0`), or with a parameter too few (`wrong == 1`).
+// (`wrong == 0`), with a parameter too few (`wrong == 1`), or of an op that
+// does not exist (`wrong == 2`).
 Tensor CallsWrongly(const Tensor& x, int64_t wrong) {
   const char* op = MISTAKES_STR(MISTAKES_NS) "::throws";
+  if (wrong == 2) return opforge::Call<Tensor>(MISTAKES_STR(MISTAKES_NS) "::no_such_op", x);
   if (wrong == 0) return std::get<1>(opforge::Call<std::tuple<Tensor, Tensor>>(op, x, int64_t{9}));
   return opforge::Call<Tensor>(op, x);
 }

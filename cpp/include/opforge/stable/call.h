@@ -14,6 +14,24 @@
 #include "opforge/stable/slots.h"
 
 namespace opforge {
+namespace detail {
+
+// A failed torch_call_dispatcher as an error naming the op: the kernel's own
+// message for an op opforge defined, else what to check.
+[[noreturn]] inline void ThrowCallError(const std::string& name, bool defined) {
+  std::string what;
+#if defined(TORCH_VERSION_2_13_0) && TORCH_FEATURE_VERSION >= TORCH_VERSION_2_13_0
+  if (const char* text = torch_exception_get_what_without_backtrace()) what = text;
+#endif
+  if (defined) {
+    throw std::runtime_error(what.empty() ? name + ": the op's call failed (torch printed its error above)." : what);
+  }
+  throw std::runtime_error(name + ": opforge::Call could not call this op" + (what.empty() ? "" : " (" + what + ")") +
+                           ". No op opforge defined has this name: check it ('namespace::op' or "
+                           "'namespace::op.overload') and load the library that defines it before the call.");
+}
+
+}  // namespace detail
 
 template <class R = void, class... Args>
 R Call(const char* qualified, const Args&... args) {
@@ -29,8 +47,9 @@ R Call(const char* qualified, const Args&... args) {
   size_t num_args = detail::kLeafCount<Args...>;
   size_t num_returns = detail::ResultCount<R>();
   const OpforgeAbiV1& abi = detail::Abi();
-  if (overload.empty() && abi.size >= offsetof(OpforgeAbiV1, op_counts) + sizeof(abi.op_counts) &&
-      abi.op_counts != nullptr && abi.op_counts(name.c_str(), &num_args, &num_returns) != 0) {
+  const bool defined = abi.size >= offsetof(OpforgeAbiV1, op_counts) + sizeof(abi.op_counts) &&
+                       abi.op_counts != nullptr && abi.op_counts(name.c_str(), &num_args, &num_returns) != 0;
+  if (overload.empty() && defined) {
     if (!std::is_void_v<R> && num_returns != detail::ResultCount<R>()) {
       throw std::runtime_error(name + ": opforge::Call<R> reads " + std::to_string(detail::ResultCount<R>()) +
                                " returns but the op has " + std::to_string(num_returns) +
@@ -45,7 +64,9 @@ R Call(const char* qualified, const Args&... args) {
   std::vector<StableIValue> stack(std::max(detail::kLeafCount<Args...>, num_returns));
   StableIValue* slots = stack.data();
   detail::PutArgs<detail::StableSlots>(slots, args...);
-  TORCH_ERROR_CODE_CHECK(torch_call_dispatcher(name.c_str(), overload.c_str(), stack.data(), TORCH_ABI_VERSION));
+  if (torch_call_dispatcher(name.c_str(), overload.c_str(), stack.data(), TORCH_ABI_VERSION) != AOTI_TORCH_SUCCESS) {
+    detail::ThrowCallError(name, defined);
+  }
   return detail::ReadResults<R, detail::StableSlots>(slots);
 }
 
