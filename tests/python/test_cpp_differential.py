@@ -157,7 +157,9 @@ CORPUS = [
     Case("scale_rows: stale handle", "K.scale_rows", "out, x, stale, [0, 0]", flat="out, x, stale, [0, 0]",
          by_kernel=True,
          error=("RuntimeError", "kernels::scale_rows: the CPU kernel, parameter 'table': handle {stale}: is stale: "
-                "its object was released or is gone. Register the object again and use the new handle.")),
+                "its object was released or is gone, or another process made it (a saved or exported program, a "
+                "number passed by hand): a handle is this process's state. Pass the object itself, or register it "
+                "in this process and use the new handle.")),
     Case("throws: std::invalid_argument", "M.throws", "x, 5", flat="x, 5", by_kernel=True, compiled=TRACED_KERNEL,
          error=(INVALID_ARGUMENT, "a bad argument")),
     Case("throws: std::out_of_range", "M.throws", "x, 4", flat="x, 4", by_kernel=True,

@@ -294,3 +294,29 @@ def test_without_trace_time_registration_runners_made_or_copied_outside_compile_
         handles.register(bare)
         assert compiled(torch.ones(1), bare).item() == 5.0
     assert seen["runner"] is bare
+
+
+def test_a_handle_made_by_another_process_is_an_error_here_naming_the_op_and_the_parameter(ns):
+    import subprocess
+    import sys
+    import textwrap
+
+    # The other process registers a runner first, then so does this one: the
+    # same number must not name this process's runner (docs/handles.md#handles-are-process-state).
+    made = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import opforge
+        class Runner:
+            pass
+        print(opforge.handles.register(Runner()))
+    """)], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    foreign = int(made.stdout.split()[-1])
+    gemm, seen = gemm_op(f"{ns}::gemm")
+    mine = Runner(2.0)
+    assert handles.register(mine) != foreign
+    for call in (getattr(torch.ops, ns).gemm, lambda x, h: gemm.overload(x, h)):
+        with pytest.raises(LookupError, match=rf"^{ns}::gemm: parameter 'runner': handle {foreign}: is stale: .*"
+                                              r"another process made it"):
+            call(torch.ones(1), foreign)
+    assert "runner" not in seen
+    assert gemm(torch.ones(1), mine).item() == 2.0

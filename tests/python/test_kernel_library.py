@@ -60,6 +60,30 @@ def test_a_runner_handle_a_list_and_an_optional_reach_the_kernel(kernels):
         torch.ops.kernels.scale_rows(out, x, table, [0, 0, 0])
 
 
+def test_a_handle_made_by_another_process_is_an_error_naming_the_op_and_the_parameter(kernels):
+    # The other process registers a table first, then so does this one: the
+    # same number must not name this process's table.
+    made = run_python(f"""
+        import os
+        os.environ["OPFORGE_KERNELS"] = {kernel_library.mode()!r}
+        import kernel_library
+        print(kernel_library.load().make_scale_table([5.0]))
+    """)
+    assert made.returncode == 0, made.stderr
+    foreign = int(made.stdout.split()[-1])
+    mine = kernels.make_scale_table([3.0])
+    assert mine != foreign
+    out, x = torch.empty(1, 2), torch.ones(1, 2)
+    message = (rf"kernels::scale_rows: the CPU kernel, parameter 'table': handle {foreign}: is stale: .*another "
+               r"process made it .*a handle is this process's state")
+    for call in (kernels.scale_rows, torch.ops.kernels.scale_rows):
+        with pytest.raises(RuntimeError, match=message):
+            call(out, x, foreign, [0])
+    kernels.scale_rows(out, x, mine, [0])
+    torch.testing.assert_close(out, torch.full((1, 2), 3.0))
+    opforge._C.handle_release(mine)
+
+
 # --- 1, 2, 8: Tensor! schemas, Tensor& kernels, def then impl -------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,5 +1,10 @@
 #include "core/handles.h"
 
+#include <unistd.h>
+
+#include <chrono>
+#include <random>
+
 #include "core/error.h"
 
 namespace opforge {
@@ -18,6 +23,25 @@ uint32_t IndexOf(int64_t handle) { return static_cast<uint32_t>(handle & 0xfffff
 uint32_t GenerationOf(int64_t handle) { return static_cast<uint32_t>((handle >> 32) & kGenerationMask); }
 
 std::string Show(int64_t handle) { return "handle " + std::to_string(handle); }
+
+// A new slot's first generation, drawn per process: the same number names
+// another object, or none, in every other process, so a handle from a saved
+// program or another process is stale here (but for a 1 in 2^30 chance), never
+// the object this process registered first.
+uint32_t FirstGeneration() {
+  static std::mt19937_64 draw = [] {
+    std::random_device device;
+    std::seed_seq seed{static_cast<uint64_t>(device()), static_cast<uint64_t>(device()),
+                       static_cast<uint64_t>(getpid()),
+                       static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())};
+    return std::mt19937_64(seed);
+  }();
+  return static_cast<uint32_t>(draw()) & kGenerationMask;
+}
+
+constexpr const char* kStale =
+    "is stale: its object was released or is gone, or another process made it (a saved or exported program, "
+    "a number passed by hand): a handle is this process's state.";
 
 }  // namespace
 
@@ -43,6 +67,7 @@ int64_t HandleTable::Register(std::shared_ptr<void> object, std::string type, bo
     }
     index = static_cast<uint32_t>(slots_.size());
     slots_.emplace_back();
+    slots_.back().generation = FirstGeneration();  // under mu_: one draw at a time
   }
   Slot& slot = slots_[index];
   slot.generation = (slot.generation + 1) & kGenerationMask;
@@ -66,8 +91,8 @@ const HandleTable::Slot& HandleTable::LiveSlot(int64_t handle) const {
   }
   const uint32_t index = IndexOf(handle);
   if (index >= slots_.size() || !slots_[index].live || slots_[index].generation != GenerationOf(handle)) {
-    throw Error(ErrorKind::kLookupError, "", Show(handle), "is stale: its object was released or is gone.",
-                "Register the object again and use the new handle.");
+    throw Error(ErrorKind::kLookupError, "", Show(handle), kStale,
+                "Pass the object itself, or register it in this process and use the new handle.");
   }
   return slots_[index];
 }
