@@ -407,3 +407,11 @@ def test_a_returned_value_that_the_schema_does_not_return_is_an_error_in_its_own
         print(outcome(f, 1, 2))
     """)
     assert out.startswith("RuntimeError: ret::f: its TVM-FFI kernel returned an int where the schema returns Tensor")
+
+
+def test_the_example_runs_and_checks_itself():
+    root = os.path.dirname(os.path.dirname(HERE))
+    child = subprocess.run([sys.executable, os.path.join(root, "examples", "tvm_ffi_op.py")], capture_output=True,
+                           text=True, timeout=300)
+    assert child.returncode == 0, child.stdout + child.stderr
+    assert "eager, torch.ops, torch.compile and the gradient match PyTorch" in child.stdout
