@@ -386,10 +386,31 @@ def _wrong_type(obj: Any, cls: type, where: str) -> TypeError:
                      f"got {type(obj).__name__}. Pass the {cls.__name__} object itself.")
 
 
+def _exporting() -> bool:
+    import torch
+
+    return torch.compiler.is_exporting()
+
+
+def _export_error(obj: Any, where: str) -> RuntimeError:
+    """torch.export would record a handle as a constant, which names nothing
+    in the process that loads the program (docs/handles.md#handles-are-process-state)."""
+    prefix = f"{where}: " if where else ""
+    name = type(obj).__name__
+    return RuntimeError(
+        f"{prefix}torch.export would record the handle of this {name} as a constant, a number that names an "
+        f"object of this process only (a handle is process state), so the exported program could not run "
+        f"anywhere else. Keep the runner out of the exported program: export the part of the model around the "
+        f"op, and call the op with the {name} in the process that runs the program (docs/deploy.md#runners)."
+    )
+
+
 def handle_for(obj: Any, cls: type | None = None, where: str = "") -> int:
     """The handle of `obj` (registered on first use), checking its type."""
     if cls is not None and not isinstance(obj, cls):
         raise _wrong_type(obj, cls, where)
+    if _exporting():
+        raise _export_error(obj, where)
     if _pending:
         _flush_pending()
     return register(obj)
@@ -491,6 +512,8 @@ def traced_handle(obj: Any, cls: type | None = None, where: str = "") -> int:
     registered object of the same class reuses the graph, and a copy (which
     carries its original's attribute) does not. An object met unregistered, or
     a copy, is registered while tracing, where this torch's Dynamo can do that."""
+    if _exporting():
+        raise _export_error(obj, where)
     entry = getattr(obj, ATTRIBUTE, None)
     owner = entry[1]() if type(entry) is tuple else None
     if owner is obj and (cls is None or isinstance(obj, cls)):

@@ -320,3 +320,23 @@ def test_a_handle_made_by_another_process_is_an_error_here_naming_the_op_and_the
             call(torch.ones(1), foreign)
     assert "runner" not in seen
     assert gemm(torch.ones(1), mine).item() == 2.0
+
+
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "non-strict"])
+def test_exporting_a_model_that_passes_a_runner_says_the_handle_would_be_a_constant(ns, strict):
+    gemm, _ = gemm_op(f"{ns}::gemm")
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.runner = Runner(3.0)
+
+        def forward(self, x):
+            return gemm(x, self.runner)
+
+    model = Model()
+    with pytest.raises(Exception, match=rf"{ns}::gemm: parameter 'runner': torch.export would record the handle "
+                                        r"of this Runner as a constant.*Keep the runner out of the exported program"):
+        torch.export.export(model, (torch.ones(2),), strict=strict)
+    # torch.compile keeps the handle a graph input, as before.
+    assert torch.equal(torch.compile(model, fullgraph=True)(torch.ones(2)), torch.full((2,), 3.0))

@@ -1,0 +1,125 @@
+"""What an exported program needs where it runs (docs/deploy.md).
+
+    ep = torch.export.export(model, (x,))
+    opforge.deploy.requirements(ep)
+    # Requirements(libraries={'/site/kernels/libkernels.so': ('kernels::rms_norm',)},
+    #              runtime=('/site/opforge/lib/libopforge_core.so', '/site/opforge/lib/libopforge_torch.so'),
+    #              python_ops=('mylib::scale',), other_ops=())
+    opforge.deploy.aoti_compile_and_package(ep, package_path="model.pt2", python_free=True)
+    # ValueError: ... mylib::scale ... has only a Python kernel ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import _C
+
+__all__ = ["Requirements", "requirements", "aoti_compile_and_package"]
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What the process that runs a program must load first.
+
+    libraries: each opforge C++ library the program calls, by path, with its ops there
+    runtime: opforge's own shared libraries those libraries need (ship them beside the package)
+    python_ops: ops defined in Python (@opforge.op): the running process must be Python and import
+        the module that defines them; a C++ program cannot run them
+    other_ops: custom ops opforge did not define (whatever registers them must be loaded too)
+    """
+
+    libraries: dict
+    runtime: tuple
+    python_ops: tuple
+    other_ops: tuple
+
+
+_BUILTIN_NAMESPACES = {"aten", "prims", "quantized", "_quantized", "higher_order", "profiler", "inductor",
+                       "_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "symm_mem"}
+
+
+def _graph_modules(program: Any) -> list:
+    if isinstance(program, torch.export.ExportedProgram):
+        program = program.graph_module
+    if not isinstance(program, torch.fx.GraphModule):
+        raise TypeError(f"opforge.deploy.requirements takes a torch.export.ExportedProgram or a torch.fx.GraphModule, "
+                        f"not {type(program).__name__}. Export the model first: torch.export.export(model, args).")
+    return [m for m in program.modules() if isinstance(m, torch.fx.GraphModule)]
+
+
+def _ops_of(program: Any) -> list[str]:
+    """The custom ops a program calls, in the order it first calls them."""
+    names: dict[str, None] = {}
+    for gm in _graph_modules(program):
+        for node in gm.graph.nodes:
+            target = node.target
+            if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+                continue
+            name = target._schema.name
+            if name.split("::")[0] not in _BUILTIN_NAMESPACES:
+                names.setdefault(name, None)
+    return list(names)
+
+
+def _loaded(basename: str) -> str | None:
+    """The path of a loaded shared library, from the process's own map."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            for line in maps:
+                path = line.split()[-1] if line.strip() else ""
+                if path.endswith("/" + basename):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def requirements(program: Any) -> Requirements:
+    """The opforge libraries (with their paths) and Python ops a program
+    calls; see Requirements."""
+    from . import _op
+
+    python_defined = _op.registered_ops()
+    libraries: dict[str, list[str]] = {}
+    needs_torch_layer = False
+    python_ops, other_ops = [], []
+    for name in _ops_of(program):
+        info = _C.library_op(name)
+        if info is not None:
+            libraries.setdefault(info["library"], []).append(name)
+            # A stable-ABI library's C++ backward is wired by the torch layer; a
+            # library on the C++ API links it.
+            needs_torch_layer = needs_torch_layer or info["abi"] == "unstable" or info["has_torch_layer_autograd"]
+        elif name in python_defined:
+            python_ops.append(name)
+        else:
+            other_ops.append(name)
+    runtime = []
+    if libraries:
+        for basename in ("libopforge_core.so",) + (("libopforge_torch.so",) if needs_torch_layer else ()):
+            path = _loaded(basename)
+            if path is not None:
+                runtime.append(path)
+    return Requirements({lib: tuple(ops) for lib, ops in libraries.items()}, tuple(runtime), tuple(python_ops),
+                        tuple(other_ops))
+
+
+def aoti_compile_and_package(program: Any, *, python_free: bool = False, **kwargs):
+    """`torch._inductor.aoti_compile_and_package(program, **kwargs)`; with
+    `python_free=True` it first refuses a program that a C++ program could
+    not run: one that calls an op whose only kernels are Python."""
+    if python_free:
+        needs = requirements(program)
+        if needs.python_ops:
+            listed = ", ".join(needs.python_ops)
+            raise ValueError(
+                f"opforge.deploy: the program calls {listed}, defined in Python with @opforge.op: a Python-free "
+                f"runtime (a C++ program loading the package) has no kernel for "
+                f"{'it' if len(needs.python_ops) == 1 else 'them'}. Give each a C++ kernel in an OPFORGE_LIBRARY "
+                f"(docs/cpp_ops.md) and call that op, or package without python_free and run the package from "
+                f"Python with the module that defines {'it' if len(needs.python_ops) == 1 else 'them'} imported.")
+    return torch._inductor.aoti_compile_and_package(program, **kwargs)

@@ -1,0 +1,65 @@
+"""opforge.deploy (docs/deploy.md): what an exported program needs where it
+runs, and the opt-in refusal to package a program for a Python-free runtime
+when one of its ops has only a Python kernel."""
+
+import os
+
+import pytest
+import torch
+
+import opforge
+import kernel_library
+from op_testing import ns  # noqa: F401
+
+Tensor = torch.Tensor
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return kernel_library.load()
+
+
+def program(ns, kernels):
+    @opforge.op(f"{ns}::shift", fake=lambda x: torch.empty_like(x))
+    def shift(x: Tensor) -> Tensor:
+        return x + 1
+
+    class Model(torch.nn.Module):
+        def forward(self, x, w):
+            out = torch.empty_like(x)
+            kernels.rms_norm(out, x, w, opforge.structs.kernels.NormCfg())
+            return shift(out) * 2
+
+    return torch.export.export(Model(), (torch.randn(2, 8), torch.randn(8)))
+
+
+def test_requirements_list_each_cpp_library_with_its_ops_the_runtime_and_the_python_ops(ns, kernels):
+    needs = opforge.deploy.requirements(program(ns, kernels))
+    assert list(needs.libraries.values()) == [("kernels::rms_norm",)]
+    (library,) = needs.libraries
+    assert os.path.samefile(library, kernel_library.library_path())
+    assert needs.python_ops == (f"{ns}::shift",)
+    assert needs.other_ops == ()
+    names = [os.path.basename(p) for p in needs.runtime]
+    assert names[0] == "libopforge_core.so" and all(os.path.exists(p) for p in needs.runtime)
+    if kernel_library.mode() == "unstable":
+        assert names == ["libopforge_core.so", "libopforge_torch.so"]
+
+
+def test_a_python_free_package_of_a_program_with_a_python_op_is_refused_before_compiling(ns, kernels, monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", lambda *a, **k: calls.append(k) or "model.pt2")
+    ep = program(ns, kernels)
+    with pytest.raises(ValueError, match=rf"^opforge.deploy: the program calls {ns}::shift, defined in Python with "
+                                         r"@opforge.op: a Python-free runtime .* has no kernel for it\. Give each a C\+\+ "
+                                         r"kernel in an OPFORGE_LIBRARY"):
+        opforge.deploy.aoti_compile_and_package(ep, package_path="model.pt2", python_free=True)
+    assert calls == []
+    # Without the check it packages, for a runtime that runs Python.
+    assert opforge.deploy.aoti_compile_and_package(ep, package_path="model.pt2") == "model.pt2"
+    assert calls == [{"package_path": "model.pt2"}]
+
+
+def test_requirements_take_only_a_program(ns):
+    with pytest.raises(TypeError, match=r"takes a torch.export.ExportedProgram or a torch.fx.GraphModule, not Linear"):
+        opforge.deploy.requirements(torch.nn.Linear(2, 2))
