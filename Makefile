@@ -61,7 +61,7 @@ cpp-test: setup
 py-test: build
 	$(PY) -m pytest tests/python -q
 	@echo "The example kernel library again, built on torch's stable ABI (docs/stable_abi.md):"
-	OPFORGE_KERNELS=stable $(PY) -m pytest tests/python/test_kernel_library.py -q
+	OPFORGE_KERNELS=stable $(PY) -m pytest tests/python/test_kernel_library.py tests/python/test_deploy.py -q
 
 test: cpp-test py-test
 

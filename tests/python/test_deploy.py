@@ -63,3 +63,25 @@ def test_a_python_free_package_of_a_program_with_a_python_op_is_refused_before_c
 def test_requirements_take_only_a_program(ns):
     with pytest.raises(TypeError, match=r"takes a torch.export.ExportedProgram or a torch.fx.GraphModule, not Linear"):
         opforge.deploy.requirements(torch.nn.Linear(2, 2))
+
+
+def test_the_deploy_example_runs_its_package_in_a_cpp_program_bitwise_equal_to_eager(kernels):
+    import subprocess
+    import sys
+
+    from cpp_ext import BUILD, ROOT, build
+
+    out = build("examples/deploy", f"deploy_example_{kernel_library.mode()}")
+    package = os.path.join(out, "model.pt2")
+    exported = kernel_library.run_python(f"""
+        import runpy, sys
+        sys.argv = ["export_model.py", {kernel_library.library_path()!r}, {package!r}]
+        runpy.run_path({os.path.join(ROOT, "examples", "deploy", "export_model.py")!r}, run_name="__main__")
+    """)
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    assert "libraries={" in exported.stdout and "'kernels::rms_norm'" in exported.stdout
+    assert exported.stdout.split()[-2:] == ["python", "True"], exported.stdout
+    child = subprocess.run([os.path.join(out, "run_model"), kernel_library.library_path(), package],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stdout + child.stderr
+    assert child.stdout.strip() == "bitwise"
