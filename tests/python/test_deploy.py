@@ -85,3 +85,56 @@ def test_the_deploy_example_runs_its_package_in_a_cpp_program_bitwise_equal_to_e
                            capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stdout + child.stderr
     assert child.stdout.strip() == "bitwise"
+
+
+MODEL_MODULE = '''
+import dataclasses, torch, opforge
+import kernel_library
+
+kernels = kernel_library.load()
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    factor: float = 2.0
+    bias: float = 0.0
+
+
+@opforge.op("deploy_saved::scale", fake=lambda x, cfg: torch.empty_like(x))
+def scale(x: torch.Tensor, cfg: Scale) -> torch.Tensor:
+    return x * cfg.factor + cfg.bias
+
+
+class Model(torch.nn.Module):
+    def forward(self, x, w):
+        out = torch.empty_like(x)
+        kernels.rms_norm(out, x, w, opforge.structs.kernels.NormCfg(eps=1e-5))
+        return scale(out, Scale(3.0, 0.5))
+
+
+def inputs():
+    return torch.sin(torch.arange(4 * 16, dtype=torch.float32)).reshape(4, 16), torch.cos(torch.arange(16.0))
+'''
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_saved_program_with_python_and_cpp_ops_loads_and_runs_in_a_fresh_process(tmp_path, dynamic):
+    (tmp_path / "saved_model.py").write_text(MODEL_MODULE)
+    saved = tmp_path / "model.pt2"
+    dims = "{'x': {0: torch.export.Dim('rows', min=2)}, 'w': None}" if dynamic else "None"
+    prologue = f"import sys; sys.path.insert(0, {str(tmp_path)!r})\nimport torch, saved_model\n"
+    made = kernel_library.run_python(prologue + f"""
+ep = torch.export.export(saved_model.Model(), saved_model.inputs(), dynamic_shapes={dims})
+torch.export.save(ep, {str(saved)!r})
+""")
+    assert made.returncode == 0, made.stderr
+    # A fresh process: importing the module registers both ops before the load.
+    ran = kernel_library.run_python(prologue + f"""
+ep = torch.export.load({str(saved)!r})
+x, w = saved_model.inputs()
+if {dynamic}:
+    x = torch.cat([x, x])
+print(torch.equal(ep.module()(x, w), saved_model.Model()(x, w)))
+""")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split()[-1] == "True"
