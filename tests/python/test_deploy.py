@@ -9,7 +9,7 @@ import torch
 
 import opforge
 import kernel_library
-from op_testing import ns  # noqa: F401
+from op_testing import AOTI_RUNS_OUT_VARIANT_OPS, ns  # noqa: F401
 
 Tensor = torch.Tensor
 
@@ -65,6 +65,7 @@ def test_requirements_take_only_a_program(ns):
         opforge.deploy.requirements(torch.nn.Linear(2, 2))
 
 
+@AOTI_RUNS_OUT_VARIANT_OPS
 def test_the_deploy_example_runs_its_package_in_a_cpp_program_bitwise_equal_to_eager(kernels):
     import subprocess
     import sys

@@ -16,6 +16,7 @@ import tvm_ffi.libinfo  # noqa: E402
 import opforge  # noqa: E402
 from cpp_ext import build  # noqa: E402
 from kernel_library import STABLE_BUILDS  # noqa: E402
+from op_testing import AOTI_RUNS_OUT_VARIANT_OPS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +121,7 @@ print("python", torch.equal(loaded(x, w), Model()(x, w)))
 """
 
 
+@AOTI_RUNS_OUT_VARIANT_OPS
 @pytest.mark.parametrize("abi", ["unstable", pytest.param("stable", marks=STABLE)])
 def test_an_aotinductor_package_of_a_model_using_the_op_runs_in_a_cpp_program_bitwise_equal_to_eager(built, abi):
     library = os.path.join(built, "libopforge_test_tvm_ffi.so" if abi == "unstable" else
