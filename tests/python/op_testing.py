@@ -71,8 +71,8 @@ def needs_torch(version: str, what: str, available: bool):
 
 
 # AOTInductor's generated wrapper on torch 2.11 stores through a null pointer
-# when it calls a custom op that returns nothing (an out-variant op), whatever
-# registered it: the process dies inside *.wrapper.so (docs/deploy.md#torch-versions).
+# when it calls a custom op that returns nothing (an out-variant op): the
+# process dies inside *.wrapper.so (docs/deploy.md#torch-versions).
 # Seen on 2.11; 2.13 runs such packages; 2.12 is not checked.
 AOTI_RUNS_OUT_VARIANT_OPS = pytest.mark.skipif(
     torch.torch_version.TorchVersion(torch.__version__) < "2.13",
