@@ -10,6 +10,7 @@ import tvm_ffi.cpp
 SOURCE = r"""
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/container/tuple.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
@@ -78,6 +79,7 @@ void affine(ffi::TensorView out, ffi::TensorView x, bool present, ffi::Optional<
 }
 
 ffi::Tensor ident(ffi::Tensor x) { return x; }
+ffi::Tuple<ffi::Tensor, int64_t> with_size(ffi::Tensor x) { return ffi::Tuple<ffi::Tensor, int64_t>(x, x.numel()); }
 
 // A new tensor x * 2, allocated through TVM-FFI's environment allocator.
 ffi::Tensor doubled(ffi::TensorView x) {
@@ -100,7 +102,7 @@ int64_t dtype_bits(DLDataType dt) { return dt.bits; }
 """
 
 FUNCTIONS = ["rms_norm", "scale_out", "pick", "affine", "ident", "add_ints", "half", "sum_list", "fill_all",
-             "takes_int", "dtype_bits", "doubled"]
+             "takes_int", "dtype_bits", "doubled", "with_size"]
 
 _MODULE: list = []
 

@@ -46,15 +46,6 @@ PyObject* CallFfi(const PyFfiKernel& k, Boundary& boundary, PyObject* const* con
   return boundary.RebuildOutput(flat.items.data());
 }
 
-namespace {
-
-// Keeps a kernel registered for its dispatch key while it lives.
-struct FfiRegistration {
-  std::unique_ptr<KernelRegistration> registration;
-};
-
-}  // namespace
-
 void InitFfi(py::module_& m) {
   py::class_<PyFfiKernel>(m, "FfiKernel", "A TVM-FFI function as an op's kernel.")
       .def(py::init([](const std::string& op, const std::string& name, uintptr_t handle, const std::string& lib,
@@ -73,14 +64,13 @@ void InitFfi(py::module_& m) {
       .def_property_readonly("owned_tensors", [](const PyFfiKernel& k) { return k.kernel->owned_tensors(); },
                              "Whether tensors reach the function as owned ffi::Tensors (it takes ffi::Tensor) "
                              "rather than DLTensor views; known after the first call.");
-  py::class_<FfiRegistration>(m, "FfiRegistration", "An FFI kernel's registration, undone when it is deleted.");
+  // Returns _C.KernelRegistration, as the op's other kernels do.
   m.def(
       "register_ffi_kernel",
       [](PyFfiKernel& k, const std::string& key) {
         auto kernel = k.kernel;
-        auto reg = RegisterBoxed(kernel->op(), {c10::parseDispatchKey(key)},
-                                 [&] { return MakeFfiDispatcherKernel(kernel); });
-        return std::make_unique<FfiRegistration>(FfiRegistration{std::move(reg)});
+        return RegisterBoxed(kernel->op(), {c10::parseDispatchKey(key)},
+                             [&] { return MakeFfiDispatcherKernel(kernel); });
       },
       py::arg("kernel"), py::arg("dispatch_key"),
       "Registers the kernel as its op's dispatcher kernel for `dispatch_key` (no Python on the call).");

@@ -329,6 +329,13 @@ class ArgWriter {
   int cuda_device_ = -1;
 };
 
+// The items of a returned Array (or Tuple, an Array underneath).
+c10::ArrayRef<OpforgeFfiAny> ArrayItems(const OpforgeFfiAny& array) {
+  auto* cell =
+      reinterpret_cast<const OpforgeFfiSeqCell*>(static_cast<const char*>(array.v_ptr) + sizeof(OpforgeFfiObject));
+  return {static_cast<const OpforgeFfiAny*>(cell->data), static_cast<size_t>(cell->size)};
+}
+
 size_t CountTensors(c10::ArrayRef<c10::IValue> args) {
   size_t n = 0;
   for (const c10::IValue& v : args) n += v.isTensor() ? 1 : 0;
@@ -395,11 +402,8 @@ c10::IValue ReadReturn(const FfiKernel& kernel, const OpforgeFfiApi& api, const 
     case c10::TypeKind::ListType: {
       auto elem = real->castRaw<c10::ListType>()->getElementType();
       if (any.type_index != kFfiArray || elem->kind() != c10::TypeKind::TensorType) return fail();
-      auto* cell = reinterpret_cast<const OpforgeFfiSeqCell*>(static_cast<const char*>(any.v_ptr) +
-                                                               sizeof(OpforgeFfiObject));
       c10::List<at::Tensor> out;
-      const auto* items = static_cast<const OpforgeFfiAny*>(cell->data);
-      for (int64_t i = 0; i < cell->size; ++i) out.push_back(ReadReturn(kernel, api, items[i], elem).toTensor());
+      for (const OpforgeFfiAny& item : ArrayItems(any)) out.push_back(ReadReturn(kernel, api, item, elem).toTensor());
       return out;
     }
     default:
@@ -459,11 +463,9 @@ void FfiKernel::Call(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValu
     TORCH_CHECK(result.type_index == kFfiArray, op_, ": its TVM-FFI kernel", function_name_, " returned ",
                 KindName(result.type_index), " where the schema returns ", returns.size(),
                 " values. Return them as a tuple (an ffi::Tuple or ffi::Array).");
-    auto* cell = reinterpret_cast<const OpforgeFfiSeqCell*>(static_cast<const char*>(result.v_ptr) +
-                                                             sizeof(OpforgeFfiObject));
-    TORCH_CHECK(cell->size == static_cast<int64_t>(returns.size()), op_, ": its TVM-FFI kernel ", function_name_,
-                " returned ", cell->size, " values where the schema returns ", returns.size(), ".");
-    const auto* items = static_cast<const OpforgeFfiAny*>(cell->data);
+    const auto items = ArrayItems(result);
+    TORCH_CHECK(items.size() == returns.size(), op_, ": its TVM-FFI kernel", function_name_, " returned ",
+                items.size(), " values where the schema returns ", returns.size(), ".");
     for (size_t i = 0; i < returns.size(); ++i) out.push_back(ReadReturn(*this, *api_, items[i], returns[i].real_type()));
     return;
   }
