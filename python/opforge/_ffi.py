@@ -37,15 +37,6 @@ def _is_module(obj: Any) -> bool:
     return module is not None and isinstance(obj, module.Module)
 
 
-def _tvm_ffi():
-    try:
-        import tvm_ffi
-        import tvm_ffi.libinfo
-    except ImportError as e:
-        raise ImportError(f"TVM-FFI kernels need the apache-tvm-ffi package: {_INSTALL}.") from e
-    return tvm_ffi
-
-
 _LIB: list = []  # [the path of libtvm_ffi.so]
 
 
@@ -67,10 +58,13 @@ def make_kernel(name: str, function: Any, what: str = "kernel") -> "_C.FfiKernel
     wraps one); a TypeError naming the op for anything else."""
     function = unwrap(function) or function
     if not is_function(function):
+        # Without tvm_ffi imported nothing can be one: say how to get it.
+        install = "" if "tvm_ffi" in sys.modules else f" TVM-FFI kernels need the apache-tvm-ffi package: {_INSTALL}."
         raise TypeError(f"{name}: {what} must be a tvm_ffi.Function (from tvm_ffi.load_module, "
                         f"tvm_ffi.cpp.load_inline or a CuTe DSL compile with --enable-tvm-ffi), not "
-                        f"{type(function).__name__}. A Python kernel is the decorated function itself.")
-    tvm_ffi = _tvm_ffi()
+                        f"{type(function).__name__}. A Python kernel is the decorated function itself.{install}")
+    import tvm_ffi.libinfo
+
     if not _LIB:
         _LIB.append(tvm_ffi.libinfo.find_libtvm_ffi())
     label = getattr(function, "__name__", None) or ""  # a module's function has none

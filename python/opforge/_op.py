@@ -87,7 +87,8 @@ class OpDef(_C.OpBase):
             devices = _device_list(self.name, device_types)
             self._before_kernels(devices)
             if _ffi.unwrap(fn) is not None:
-                _install_ffi_kernels(self, {d: fn for d in devices})
+                kernel = _ffi.make_kernel(self.name, fn, "register_kernel")
+                _install_ffi_kernels(self, {d: kernel for d in devices})
             else:
                 _install_kernels(self, devices, fn)
             return fn
@@ -293,7 +294,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
         if ffi_kernels is None:
             _register_kernels(opdef, body, devices)
         else:
-            _install_ffi_kernels(opdef, ffi_kernels, made=True)
+            _install_ffi_kernels(opdef, ffi_kernels)
         if plan is not None:
             _install_triton_decomposition(opdef, plan)
         opdef._register_fake_kernel()
@@ -787,11 +788,10 @@ def _install_kernels(opdef: OpDef, devices: list[str], fn: Callable) -> None:
     opdef._set_has_backward(False)
 
 
-def _install_ffi_kernels(opdef: OpDef, kernels: dict, *, made: bool = False) -> None:
-    """TVM-FFI kernels ({device type or None: function}) as the op's
+def _install_ffi_kernels(opdef: OpDef, kernels: dict) -> None:
+    """TVM-FFI kernels ({device type or None: _C.FfiKernel}) as the op's
     dispatcher kernels and its eager path's, both called from C."""
-    for device, function in kernels.items():
-        k = function if made else _ffi.make_kernel(opdef.name, function, "register_kernel")
+    for device, k in kernels.items():
         key = "CompositeExplicitAutograd" if device is None else _dispatch_key(opdef.name, device)
         opdef._registrations.pop(key, None)  # the kernel it replaces, undone first
         opdef._registrations[key] = _C.register_ffi_kernel(k, key)

@@ -5,6 +5,7 @@ nothing a user gets wrong kills the process."""
 import dataclasses
 import enum
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -153,6 +154,21 @@ def test_a_function_of_another_arity_keeps_tensor_views(mod):
     with pytest.raises(TypeError, match="Mismatched number of arguments"):
         arity(torch.zeros(2), torch.ones(2))
     assert not k.owned_tensors
+
+
+def test_a_tuple_comes_back_as_the_schema_returns_and_a_count_that_differs_is_an_error(mod):
+    @opforge.op(fresh("with_size"), kernel=mod.with_size, fake=lambda x: (torch.empty_like(x), x.numel()))
+    def with_size(x: Tensor) -> tuple[Tensor, int]: ...
+
+    @opforge.op(fresh("with_size3"), kernel=mod.with_size)
+    def three(x: Tensor) -> tuple[Tensor, int, int]: ...
+
+    x = torch.arange(3.0)
+    y, n = with_size(x)
+    assert y.data_ptr() == x.data_ptr() and n == 3
+    with pytest.raises(RuntimeError, match=rf"^{three.name}: its TVM-FFI kernel returned 2 values where the schema "
+                                           r"returns 3\.$"):
+        three(x)
 
 
 def test_scalar_returns_come_back_as_the_schema_types(mod):
@@ -320,6 +336,35 @@ def test_a_kernel_that_is_not_a_tvm_ffi_function_is_refused_and_nothing_is_regis
         def f(x: Tensor) -> Tensor: ...
     ns, op = name.split("::")
     assert not hasattr(getattr(torch.ops, ns), op)
+
+
+def test_kernel_as_a_dict_takes_no_device_types_no_empty_dict_and_only_device_names(mod):
+    for kernel, extra, error, message in (
+            ({"cpu": mod.add_ints}, {"device_types": "cpu"}, TypeError, "kernel= names its devices as a dict; drop "
+                                                                        "device_types=."),
+            ({}, {}, ValueError, "kernel= is an empty dict. Map device types to functions"),
+            ({0: mod.add_ints}, {}, TypeError, "kernel= maps device types ('cpu', 'cuda') to functions, not int 0.")):
+        name = fresh("bad_dict")
+        with pytest.raises(error, match=f"^{name}: {re.escape(message)}"):
+            @opforge.op(name, kernel=kernel, **extra)
+            def f(a: int, b: int) -> int: ...
+        ns, op = name.split("::")
+        assert not hasattr(getattr(torch.ops, ns), op)
+
+
+def test_without_tvm_ffi_imported_a_kernel_that_is_not_one_says_how_to_get_it():
+    code = textwrap.dedent("""
+        import torch, opforge
+        try:
+            @opforge.op("noffi::f", kernel=print)
+            def f(x: torch.Tensor) -> torch.Tensor: ...
+        except TypeError as e:
+            print(e)
+    """)
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.startswith("noffi::f: kernel= must be a tvm_ffi.Function"), child.stdout
+    assert "TVM-FFI kernels need the apache-tvm-ffi package: pip install 'opforge[tvm-ffi]'" in child.stdout
 
 
 def test_the_kernel_attribute_of_an_ffi_kernel_names_the_op(mod):
