@@ -67,6 +67,9 @@ def test_a_symbol_the_module_does_not_export_is_a_load_error_and_nothing_of_the_
                                            r"TVM_FFI_DLL_EXPORT_TYPED_FUNC\(no_such_function"):
         opforge.load_library(os.path.join(built, "libopforge_test_tvm_ffi_missing.so"))
     assert not hasattr(torch.ops.ffi_missing, "fine")
+    errors = " ".join(opforge.load_errors())
+    assert ("ffi_undefined::nowhere: CompositeExplicitAutograd kernel: the op is not defined in this library block. "
+            "Define it with m.def(schema) in the block that gives its TVM-FFI kernel.") in errors, errors
 
 
 STABLE = pytest.mark.skipif(not STABLE_BUILDS, reason=f"needs torch 2.10 (this is {torch.__version__}): a stable build")

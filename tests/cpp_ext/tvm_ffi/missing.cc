@@ -8,3 +8,6 @@ OPFORGE_LIBRARY(ffi_missing, m) {
   m.def("gone(Tensor x) -> int");
   m.impl("gone", opforge::TvmFfi("no_such_function", "libffi_module.so"));
 }
+
+// A TVM-FFI kernel for an op no block defines.
+OPFORGE_LIBRARY(ffi_undefined, m) { m.impl("nowhere", opforge::TvmFfi("count", "libffi_module.so")); }
