@@ -367,6 +367,16 @@ def test_without_tvm_ffi_imported_a_kernel_that_is_not_one_says_how_to_get_it():
     assert "TVM-FFI kernels need the apache-tvm-ffi package: pip install 'opforge[tvm-ffi]'" in child.stdout
 
 
+def test_a_value_no_tvm_ffi_type_holds_is_an_error_naming_the_op_and_the_argument(mod):
+    @opforge.op(fresh("half"), kernel=mod.half)
+    def half(a: torch.types.Number) -> float: ...
+
+    assert half(3) == 1.5
+    with pytest.raises(RuntimeError, match=rf"^{half.name}: argument 'a' is a ComplexDouble, which opforge does not "
+                                           r"pass to a TVM-FFI kernel\."):
+        half(1j)
+
+
 def test_the_kernel_attribute_of_an_ffi_kernel_names_the_op(mod):
     k = opforge._ffi.make_kernel("ns::f", mod.add_ints)
     assert isinstance(k, _C.FfiKernel) and k.op == "ns::f" and not k.owned_tensors

@@ -70,6 +70,8 @@ def test_a_symbol_the_module_does_not_export_is_a_load_error_and_nothing_of_the_
     errors = " ".join(opforge.load_errors())
     assert ("ffi_undefined::nowhere: CompositeExplicitAutograd kernel: the op is not defined in this library block. "
             "Define it with m.def(schema) in the block that gives its TVM-FFI kernel.") in errors, errors
+    assert ("ffi_no_module::f: its TVM-FFI kernel's module libno_such_module.so cannot be loaded (") in errors, errors
+    assert "Give the module's path, absolute or relative to this library's folder." in errors, errors
 
 
 STABLE = pytest.mark.skipif(not STABLE_BUILDS, reason=f"needs torch 2.10 (this is {torch.__version__}): a stable build")

@@ -11,3 +11,9 @@ OPFORGE_LIBRARY(ffi_missing, m) {
 
 // A TVM-FFI kernel for an op no block defines.
 OPFORGE_LIBRARY(ffi_undefined, m) { m.impl("nowhere", opforge::TvmFfi("count", "libffi_module.so")); }
+
+// A TVM-FFI kernel whose module is not there.
+OPFORGE_LIBRARY(ffi_no_module, m) {
+  m.def("f(Tensor x) -> int");
+  m.impl("f", opforge::TvmFfi("count", "libno_such_module.so"));
+}
