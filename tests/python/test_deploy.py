@@ -139,3 +139,63 @@ print(torch.equal(ep.module()(x, w), saved_model.Model()(x, w)))
 """)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split()[-1] == "True"
+
+
+def test_deploy_load_of_a_program_whose_ops_are_missing_names_each_op_and_what_registers_it(tmp_path):
+    (tmp_path / "saved_model.py").write_text(MODEL_MODULE)
+    saved = tmp_path / "model.pt2"
+    prologue = f"import sys; sys.path.insert(0, {str(tmp_path)!r})\nimport torch, opforge\n"
+    made = kernel_library.run_python(prologue + f"""
+import saved_model
+opforge.deploy.save(torch.export.export(saved_model.Model(), saved_model.inputs()), {str(saved)!r},
+                    extra_files={{"note.txt": "mine"}})
+""")
+    assert made.returncode == 0, made.stderr
+    # A fresh process that registers neither op: opforge's error, not torch's "Could not find schema".
+    missing = kernel_library.run_python(prologue + f"""
+try:
+    opforge.deploy.load({str(saved)!r})
+except RuntimeError as e:
+    print(e)
+""")
+    assert missing.returncode == 0, missing.stderr
+    text = missing.stdout
+    assert "Could not find schema" not in text
+    assert f"opforge.deploy.load: {saved} calls ops this process has not registered" in text
+    library = os.path.basename(kernel_library.library_path())
+    assert "kernels::rms_norm: from the opforge library " + library in text
+    assert "call opforge.load_library(path)" in text
+    assert "deploy_saved::scale: defined in Python with @opforge.op: import saved_model" in text
+    # Loading the library alone leaves only the Python op to name.
+    half = kernel_library.run_python(prologue + f"""
+import kernel_library
+kernel_library.load()
+try:
+    opforge.deploy.load({str(saved)!r})
+except RuntimeError as e:
+    print(e)
+""")
+    assert "deploy_saved::scale" in half.stdout and "kernels::rms_norm" not in half.stdout, half.stdout + half.stderr
+    # With the module imported it loads and runs; the user's extra file comes back, opforge's record does not.
+    ran = kernel_library.run_python(prologue + f"""
+import saved_model
+extra = {{}}
+ep = opforge.deploy.load({str(saved)!r}, extra_files=extra)
+x, w = saved_model.inputs()
+print(sorted(extra), torch.equal(ep.module()(x, w), saved_model.Model()(x, w)))
+""")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split()[-2:] == ["['note.txt']", "True"], ran.stdout
+
+
+def test_deploy_save_takes_an_exported_program_and_keeps_its_record_name(tmp_path, ns):
+    with pytest.raises(TypeError, match="opforge.deploy.save takes a torch.export.ExportedProgram, not Linear"):
+        opforge.deploy.save(torch.nn.Linear(2, 2), tmp_path / "m.pt2")
+    ep = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+    with pytest.raises(ValueError, match="extra_files may not hold 'opforge-requirements.json'"):
+        opforge.deploy.save(ep, tmp_path / "m.pt2", extra_files={opforge.deploy.RECORD: "x"})
+    assert not (tmp_path / "m.pt2").exists()
+    # A program torch.export.save wrote (no record) loads through opforge.deploy.load as through torch's.
+    torch.export.save(ep, tmp_path / "plain.pt2")
+    x = torch.randn(1, 2)
+    assert torch.equal(opforge.deploy.load(tmp_path / "plain.pt2").module()(x), ep.module()(x))
