@@ -802,17 +802,23 @@ def _traced_leaf_test(expr: str, tensor: str, kind: str, where: str, expected: s
     leaf `expr` bad (`_bad_leaf` and `_past_int64` written out), reading
     builtins, literals and `tensor`, the generated code's name for
     torch.Tensor (no guards beyond them); a list's items are left to that
-    function."""
+    function. Dynamo runs it once per call site it traces, so a value of the
+    leaf's own type is accepted first, by one `type(..) is` (a builtin call
+    on a constant), and the full test is evaluated only past it."""
     none = f"{expr} is None" if not none_ok else "False"
     if kind == "tensor":
-        return f"({expr} is not None and not isinstance({expr}, {tensor}) or {none})"
+        # None is no Tensor: the one isinstance covers it where None is an error.
+        return f"not isinstance({expr}, {tensor})" if not none_ok else \
+            f"({expr} is not None and not isinstance({expr}, {tensor}))"
     if kind == "int":
-        return (f"({none} or isinstance({expr}, (float, str, list, tuple)) or (type({expr}) is int and not "
-                f"{_INT64[0]} <= {expr} <= {_INT64[1]}))")
+        low, high = _INT64
+        return (f"((type({expr}) is not int or not {low} <= {expr} <= {high}) and ({none} or "
+                f"isinstance({expr}, (float, str, list, tuple)) or (type({expr}) is int and not "
+                f"{low} <= {expr} <= {high})))")
     if kind in ("float", "bool"):
-        return f"({none} or isinstance({expr}, (str, list, tuple)))"
+        return f"(type({expr}) is not {kind} and ({none} or isinstance({expr}, (str, list, tuple))))"
     if kind == "str":
-        return f"({expr} is not None and not isinstance({expr}, str) or {none})"
+        return f"(type({expr}) is not str and ({expr} is not None and not isinstance({expr}, str) or {none}))"
     return "True"  # list:<kind>
 
 
