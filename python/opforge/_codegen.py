@@ -584,7 +584,8 @@ class Builder:
                 bad = " or ".join(_traced_leaf_test(e, tensor, *c) for e, c in zip(exprs, checks) if c is not None)
                 w.line(f"if _compiling() and ({bad}):")
                 with w.block():
-                    w.line(f"{self.const('leaves', _check_traced_leaves)}(({values}), {table!r})")
+                    # The table names the op: a constant, so that ops of one signature share compiled code.
+                    w.line(f"{self.const('leaves', _check_traced_leaves)}(({values}), {self.const('table', table)})")
             w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
         return w.text()
 

@@ -384,3 +384,34 @@ def test_threads_defining_one_name_at_once_get_opforges_error_and_one_op(ns):
                            f"Choose another name, or another namespace than '{ns}'."}
     x = torch.zeros(2)
     assert torch.equal(made[0](x), getattr(torch.ops, ns).contested(x))
+
+
+@dataclass(frozen=True)
+class SharedShape:
+    scale: float
+    n: int
+    on: bool
+
+
+def test_ops_of_one_signature_share_compiled_code_and_each_names_itself_under_compile(ns):
+    from opforge import _codegen
+
+    def define(name):
+        @opforge.op(f"{ns}::{name}", fake=lambda x, cfg: torch.empty_like(x))
+        def f(x: torch.Tensor, cfg: SharedShape) -> torch.Tensor:
+            return x * cfg.scale
+
+        return f
+
+    first = define("first")
+    before = dict(_codegen._CODE_CACHE)
+    second = define("second")
+    # The second op compiles nothing: its generated source is the first's (the op name sits in constants).
+    assert _codegen._CODE_CACHE.keys() == before.keys()
+    assert second._code.call.__code__.co_code == first._code.call.__code__.co_code
+    # Each still names itself in the error a traced call gives for a bad field.
+    for op, name in ((first, "first"), (second, "second")):
+        torch._dynamo.reset()
+        with pytest.raises(TypeError, match=rf"{ns}::{name}: parameter 'cfg', field SharedShape.scale: expected a "
+                                            rf"float, got str 'a'"):
+            torch.compile(op, backend="eager")(torch.ones(2), SharedShape("a", 1, True))
