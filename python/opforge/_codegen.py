@@ -804,8 +804,9 @@ def _traced_leaf_test(expr: str, tensor: str, kind: str, where: str, expected: s
     builtins, literals and `tensor`, the generated code's name for
     torch.Tensor (no guards beyond them); a list's items are left to that
     function. Dynamo runs it once per call site it traces, so a value of the
-    leaf's own type is accepted first, by one `type(..) is` (a builtin call
-    on a constant), and the full test is evaluated only past it."""
+    leaf's own type is accepted first, by one isinstance (on a constant: no
+    guard; `type(..)` would add one per leaf), and the full test is evaluated
+    only past it (it accepts whatever that accepts)."""
     none = f"{expr} is None" if not none_ok else "False"
     if kind == "tensor":
         # None is no Tensor: the one isinstance covers it where None is an error.
@@ -813,13 +814,13 @@ def _traced_leaf_test(expr: str, tensor: str, kind: str, where: str, expected: s
             f"({expr} is not None and not isinstance({expr}, {tensor}))"
     if kind == "int":
         low, high = _INT64
-        return (f"((type({expr}) is not int or not {low} <= {expr} <= {high}) and ({none} or "
+        return (f"((not isinstance({expr}, int) or not {low} <= {expr} <= {high}) and ({none} or "
                 f"isinstance({expr}, (float, str, list, tuple)) or (type({expr}) is int and not "
                 f"{low} <= {expr} <= {high})))")
     if kind in ("float", "bool"):
-        return f"(type({expr}) is not {kind} and ({none} or isinstance({expr}, (str, list, tuple))))"
+        return f"(not isinstance({expr}, {kind}) and ({none} or isinstance({expr}, (str, list, tuple))))"
     if kind == "str":
-        return f"(type({expr}) is not str and ({expr} is not None and not isinstance({expr}, str) or {none}))"
+        return f"(not isinstance({expr}, str) and ({expr} is not None and not isinstance({expr}, str) or {none}))"
     return "True"  # list:<kind>
 
 
