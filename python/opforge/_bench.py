@@ -6,6 +6,7 @@ process.
     opforge bench --args 5 --repeats 11
     opforge bench --runners            # runners under torch.compile (docs/handles.md)
     opforge bench --compiled           # a compiled model of struct ops against define+impl ops
+    opforge bench --compile            # registration, Dynamo, Inductor cold/warm, recompiles, step
 
 Every op has a no-op body and `n` flat arguments (n = 1, 5, 30): two tensors
 (one for n = 1) and n - 2 scalars (float, int, bool in turn). The opforge op
@@ -392,10 +393,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compiled", action="store_true",
                         help="instead: step time of a compiled model of struct ops, against the same model with "
                              "define+impl and custom_op ops")
-    from . import _bench_compiled, _bench_runners
+    parser.add_argument("--compile", action="store_true",
+                        help="instead: what a model of struct ops costs before its first step (registration, "
+                             "Dynamo, Inductor cold and warm, recompiles) and its compiled step, against the same "
+                             "model with define+impl and custom_op ops")
+    from . import _bench_compile, _bench_compiled, _bench_runners
 
     _bench_runners.add_arguments(parser)
     _bench_compiled.add_arguments(parser)
+    _bench_compile.add_arguments(parser)
     parser.add_argument("--no-cpp", dest="cpp", action="store_false",
                         help="skip the C++ section (it compiles a small op library on first use)")
 
@@ -409,6 +415,10 @@ def run(args: argparse.Namespace) -> int:
         from . import _bench_compiled
 
         return _bench_compiled.run(args)
+    if getattr(args, "compile", False):
+        from . import _bench_compile
+
+        return _bench_compile.run(args)
     device = torch.device(args.device).type
     if device == "cuda" and not torch.cuda.is_available():
         print("opforge bench: --device cuda needs a CUDA GPU, and none is available.", file=sys.stderr)
