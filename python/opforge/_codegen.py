@@ -160,6 +160,31 @@ def _retarget(code: types.CodeType, filename: str) -> types.CodeType:
     return code.replace(co_filename=filename)
 
 
+# Signature -> `_call`'s source, counter, shared constants, their ids and the
+# templates of its tables (Builder.chunk_call).
+_CALL_CACHE: dict[tuple, tuple] = {}
+# The constants of `_call` that do not depend on the op: its struct classes,
+# helpers, torch.Tensor and plain defaults.
+_SHARED_CONSTS = frozenset({"S", "none", "Tensor", "leaves", "D"})
+
+
+def _op_table_template(op: str, kind: str, table: tuple) -> tuple | None:
+    """A table of `_call` without the op's name, or None where the name is
+    not where it is expected."""
+    if kind == "leaf":
+        return tuple(row[1:] for row in table) if all(row[0] == op for row in table) else None
+    prefix = f"{op}: "
+    if not all(message.startswith(prefix) for _i, _path, message in table):
+        return None
+    return tuple((i, path, message[len(prefix):]) for i, path, message in table)
+
+
+def _op_table(op: str, kind: str, template: tuple) -> tuple:
+    if kind == "leaf":
+        return tuple((op, *row) for row in template)
+    return tuple((i, path, f"{op}: {message}") for i, path, message in template)
+
+
 # Chunk name -> the function it defines.
 _CHUNKS = {
     "call": "_call",
@@ -250,6 +275,7 @@ class Builder:
         self._ids: dict[tuple[str, int], str] = {}
         self._counter = 0
         self._sites: dict[str, list[Site]] = {}
+        self._op_tables: dict[str, str] = {}  # const name -> "leaf" or "none": the tables of _call naming the op
         # Parameters are locals named by position in the generated source, so
         # that ops whose parameters differ only in name share compiled code;
         # each function's own names are put back into its code object.
@@ -543,6 +569,64 @@ class Builder:
     # --- the chunks -----------------------------------------------------------
 
     def chunk_call(self) -> str:
+        """`_call`'s source, made once per signature: ops whose parameters
+        have the same names, types (the same struct classes) and plain
+        defaults share it, and its constants but the two tables that name
+        the op (docs/performance.md#start-up-and-compile-time)."""
+        key = self._call_key()
+        hit = _CALL_CACHE.get(key) if key is not None else None
+        if hit is not None:
+            source, counter, shared, ids, tables = hit
+            self.ns.update(shared)
+            self._ids.update(ids)
+            for name, (kind, template) in tables.items():
+                self.ns[name] = _op_table(self.op_name, kind, template)
+            self._counter = counter
+            return source
+        before = set(self.ns)
+        self._op_tables = {}
+        source = self._generate_call()
+        if key is not None:
+            entry = self._call_entry(source, before)
+            if entry is not None:
+                if len(_CALL_CACHE) >= 4096:
+                    _CALL_CACHE.clear()
+                _CALL_CACHE[key] = entry
+        return source
+
+    def _call_key(self) -> tuple | None:
+        """What `_call`'s source and shared constants depend on, or None
+        where a constant is the op's own (an enum, a Literal, a handle, a
+        default other than a plain value) or another chunk came first."""
+        if self._counter or any(leaf.enum is not None or leaf.allowed or leaf.handle for leaf in self.leaves):
+            return None
+        parts: list = [self.duck_structs, self.leaf_returns]
+        for p in self.params:
+            default = p.default
+            if default is EMPTY:
+                dkey: tuple = ()
+            elif default is None or type(default) in (bool, int, float, str):
+                dkey = (type(default), default)
+            else:
+                return None
+            t = p.type
+            parts.append((p.name, p.kw_only, dkey, t.kind, t.text, t.optional, t.py))
+        return tuple(parts)
+
+    def _call_entry(self, source: str, before: set) -> tuple | None:
+        made = {name: self.ns[name] for name in self.ns if name not in before}
+        ids = {key: name for key, name in self._ids.items() if name in made}
+        tables = {}
+        for name, kind in self._op_tables.items():
+            template = _op_table_template(self.op_name, kind, made.pop(name))
+            if template is None:
+                return None
+            tables[name] = (kind, template)
+        if any(key[0] not in _SHARED_CONSTS for key in ids if ids[key] in made):
+            return None
+        return source, self._counter, made, {k: v for k, v in ids.items() if v in made}, tables
+
+    def _generate_call(self) -> str:
         """The op as Dynamo traces it (OpDef.__call__, hence `_self`): values
         Dynamo sees as constants are checked here, the rest by torch when the
         flat op runs on fake tensors."""
@@ -567,8 +651,9 @@ class Builder:
                     if table:
                         # Dynamo cannot call into the boundary: the same message, raised in Python.
                         values = "".join(f"{self.var(p)}, " for p in self.params)
-                        w.line(f"if _compiling(): {self.const('none', _raise_none_error)}(({values}), "
-                               f"{self.const('table', table)})")
+                        name = self.const('table', table)
+                        self._op_tables[name] = "none"
+                        w.line(f"if _compiling(): {self.const('none', _raise_none_error)}(({values}), {name})")
                     w.line(f"_convert({self.original_call_args([self.var(p) for p in self.params])})  # raises")
             exprs = self.emit_flatten(w)
             checks = tuple(self.boundary.leaf_checks())
@@ -585,7 +670,9 @@ class Builder:
                 w.line(f"if _compiling() and ({bad}):")
                 with w.block():
                     # The table names the op: a constant, so that ops of one signature share compiled code.
-                    w.line(f"{self.const('leaves', _check_traced_leaves)}(({values}), {self.const('table', table)})")
+                    name = self.const('table', table)
+                    self._op_tables[name] = "leaf"
+                    w.line(f"{self.const('leaves', _check_traced_leaves)}(({values}), {name})")
             w.line(f"return {self._wrap_output(f'_op({self.flat_call_args(exprs)})')}")
         return w.text()
 

@@ -405,13 +405,53 @@ def test_ops_of_one_signature_share_compiled_code_and_each_names_itself_under_co
 
     first = define("first")
     before = dict(_codegen._CODE_CACHE)
-    second = define("second")
-    # The second op compiles nothing: its generated source is the first's (the op name sits in constants).
+    generated = []
+    real = _codegen.Builder._generate_call
+
+    def counting(self):
+        generated.append(self.op_name)
+        return real(self)
+
+    _codegen.Builder._generate_call = counting
+    try:
+        second = define("second")
+        third_cfg = define("third")
+    finally:
+        _codegen.Builder._generate_call = real
+    # The later ops generate and compile nothing: the first's source is theirs (the op name sits in constants).
+    assert generated == []
     assert _codegen._CODE_CACHE.keys() == before.keys()
     assert second._code.call.__code__.co_code == first._code.call.__code__.co_code
+    # Each op's tables name that op.
+    for op, name in ((first, "first"), (second, "second"), (third_cfg, "third")):
+        tables = [v for k, v in op._code.namespace.items() if k.startswith("_table")]
+        assert tables and all(f"{ns}::{name}" in repr(t) for t in tables), (name, tables)
+        assert all(f"{ns}::{other}" not in repr(tables) for other in ("first", "second", "third") if other != name)
     # Each still names itself in the error a traced call gives for a bad field.
     for op, name in ((first, "first"), (second, "second")):
         torch._dynamo.reset()
         with pytest.raises(TypeError, match=rf"{ns}::{name}: parameter 'cfg', field SharedShape.scale: expected a "
                                             rf"float, got str 'a'"):
             torch.compile(op, backend="eager")(torch.ones(2), SharedShape("a", 1, True))
+
+
+def test_ops_that_differ_in_a_default_or_a_parameter_name_keep_their_own(ns):
+    def define(name, k_default, pname="k"):
+        src = f'''
+@opforge.op("{ns}::{name}", fake=lambda x, cfg, {pname}={k_default!r}: torch.empty_like(x))
+def f(x: torch.Tensor, cfg: SharedShape, {pname}: float = {k_default!r}) -> torch.Tensor:
+    return x * cfg.scale * {pname}
+'''
+        scope = {"opforge": opforge, "torch": torch, "SharedShape": SharedShape}
+        exec(src, scope)  # noqa: S102
+        return scope["f"]
+
+    ops = [define("half", 0.5), define("twice", 2.0), define("named", 3.0, "m")]
+    cfg = SharedShape(1.0, 1, True)
+    for op, factor in zip(ops, (0.5, 2.0, 3.0)):
+        torch._dynamo.reset()
+        assert torch.equal(op(torch.ones(2), cfg), torch.full((2,), factor))
+        assert torch.equal(torch.compile(op, backend="eager", fullgraph=True)(torch.ones(2), cfg),
+                           torch.full((2,), factor))
+    with pytest.raises(TypeError, match="unexpected keyword argument 'k'"):
+        torch.compile(ops[2], backend="eager")(torch.ones(2), cfg, k=1.0)
