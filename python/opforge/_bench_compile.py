@@ -12,6 +12,7 @@ models in turn in every repeat (medians), one intra-op thread:
 
     registration   ms per op at 1, 5 and 30 leaves (`opforge bench`'s measurement)
     dynamo         the first call under torch.compile(backend="eager"), after torch._dynamo.reset()
+                   (and gc.collect(), before every compile timed)
     inductor cold  the first call under torch.compile (Inductor), no compile cache
     inductor warm  the same again with Inductor's and AOTAutograd's caches on and
                    filled by a compile just before (a fresh cache directory)
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import os
 import statistics
 import sys
@@ -74,6 +76,8 @@ def _frames() -> int:
 
 def _first_call(model: torch.nn.Module, x: torch.Tensor, backend: str) -> tuple[float, Callable, torch.Tensor]:
     torch._dynamo.reset()
+    # What the previous compile left for the collector is not this compile's cost.
+    gc.collect()
     fn = torch.compile(model, fullgraph=True, backend=backend)
     start = time.perf_counter()
     out = fn(x)
