@@ -140,6 +140,23 @@ def test_bench_compiled_runs_each_model_and_prints_the_step_ratio(capsys, tmp_pa
                                   *(["met"] if ratio <= 1.0 else ["NOT", "met"])]
 
 
+def test_bench_compile_measures_every_stage_for_each_model(capsys, tmp_path):
+    out_file = tmp_path / "compile.json"
+    code, out, _ = run_cli(capsys, "bench", "--compile", "--compile-layers", "2", "--compile-leaves", "1",
+                           "--compile-repeats", "1", "--registrations", "3", "--compiled-dim", "8", "--repeats", "1",
+                           "--min-time", "0.001", "--json", str(out_file))
+    assert code == 0
+    result = json.loads(out_file.read_text())
+    assert list(result["registration"]) == ["1"] and list(result["layers"]) == ["2"]
+    rows = result["layers"]["2"]
+    assert list(rows) == ["opforge struct op", "define+impl (flat)", "custom_op (flat)"]
+    assert all(r["recompiles"] == 1 for r in rows.values())
+    assert "2 layers x 4 ops" in out and out.count("budget <=") == 5
+    reg = result["registration"]["1"]
+    line = next(x for x in out.splitlines() if x.strip().startswith("1 leaves"))
+    assert f"{reg['opforge']:.3f}" in line and f"{reg['opforge'] / reg['custom_op']:.2f}x" in line
+
+
 def test_bench_runners_compiles_each_model_once_and_prints_the_ratios(capsys, tmp_path):
     out_file = tmp_path / "runners.json"
     code, out, _ = run_cli(capsys, "bench", "--runners", "--layers", "6", "--dim", "16", "--backend", "eager",
