@@ -600,7 +600,9 @@ class Builder:
         default other than a plain value) or another chunk came first."""
         if self._counter or any(leaf.enum is not None or leaf.allowed or leaf.handle for leaf in self.leaves):
             return None
-        parts: list = [self.duck_structs, self.leaf_returns]
+        parts: list = [self.duck_structs, self.leaf_returns,
+                       tuple((leaf.name, leaf.type_text, leaf.kw_only, leaf.is_presence, leaf.mutated)
+                             for leaf in self.leaves)]
         for p in self.params:
             default = p.default
             if default is EMPTY:
@@ -615,16 +617,16 @@ class Builder:
 
     def _call_entry(self, source: str, before: set) -> tuple | None:
         made = {name: self.ns[name] for name in self.ns if name not in before}
-        ids = {key: name for key, name in self._ids.items() if name in made}
         tables = {}
         for name, kind in self._op_tables.items():
             template = _op_table_template(self.op_name, kind, made.pop(name))
             if template is None:
                 return None
             tables[name] = (kind, template)
-        if any(key[0] not in _SHARED_CONSTS for key in ids if ids[key] in made):
+        ids = {key: name for key, name in self._ids.items() if name in made}
+        if any(prefix not in _SHARED_CONSTS for prefix, _id in ids):
             return None
-        return source, self._counter, made, {k: v for k, v in ids.items() if v in made}, tables
+        return source, self._counter, made, ids, tables
 
     def _generate_call(self) -> str:
         """The op as Dynamo traces it (OpDef.__call__, hence `_self`): values
