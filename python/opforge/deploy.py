@@ -168,16 +168,16 @@ def save(program: Any, f: Any, *, extra_files: dict | None = None, **kwargs) -> 
 def _read_record(f: Any) -> dict | None:
     """The record `save` wrote into the archive at `f`, or None (a program
     saved by torch.export.save alone, or not a file opforge can read)."""
+    where = f.tell() if hasattr(f, "seek") else None
     try:
-        if hasattr(f, "seek"):
-            where = f.tell()
         with zipfile.ZipFile(f) as archive:
             names = [n for n in archive.namelist() if n.endswith("/" + RECORD) or n == RECORD]
             text = archive.read(names[0]).decode("utf-8") if names else None
-        if hasattr(f, "seek"):
-            f.seek(where)
     except (OSError, zipfile.BadZipFile, KeyError):
         return None
+    finally:
+        if where is not None:
+            f.seek(where)  # torch.export.load reads the file from where it was
     if text is None:
         return None
     try:

@@ -2,6 +2,7 @@
 runs, and the opt-in refusal to package a program for a Python-free runtime
 when one of its ops has only a Python kernel."""
 
+import io
 import os
 
 import pytest
@@ -199,3 +200,8 @@ def test_deploy_save_takes_an_exported_program_and_keeps_its_record_name(tmp_pat
     torch.export.save(ep, tmp_path / "plain.pt2")
     x = torch.randn(1, 2)
     assert torch.equal(opforge.deploy.load(tmp_path / "plain.pt2").module()(x), ep.module()(x))
+    # A file object: load reads the record, then torch reads the program from where the file was.
+    buffer = io.BytesIO()
+    opforge.deploy.save(ep, buffer)
+    buffer.seek(0)
+    assert torch.equal(opforge.deploy.load(buffer).module()(x), ep.module()(x))
