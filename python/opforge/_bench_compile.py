@@ -37,7 +37,7 @@ from typing import Callable
 import torch
 
 from . import _bench, _bench_compiled
-from ._bench_runners import _no_compile_caches, measure_steps, run_on_threads
+from ._bench_runners import _no_compile_caches, compile_caches, measure_steps, run_on_threads
 
 _VARIANTS = ("opforge struct op", "define+impl (flat)", "custom_op (flat)")
 
@@ -45,23 +45,12 @@ _VARIANTS = ("opforge struct op", "define+impl (flat)", "custom_op (flat)")
 @contextlib.contextmanager
 def _warm_caches(directory: str):
     """Inductor's FX graph cache and AOTAutograd's cache on, in `directory`."""
-    from torch._functorch import config as functorch_config
-    from torch._inductor import config as inductor_config
-
-    changes = [(c, name, value) for c, name, value in ((inductor_config, "force_disable_caches", False),
-                                                        (inductor_config, "fx_graph_cache", True),
-                                                        (functorch_config, "enable_autograd_cache", True))
-               if hasattr(c, name)]
-    saved = [(c, name, getattr(c, name)) for c, name, _ in changes]
     env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
-    for c, name, value in changes:
-        setattr(c, name, value)
     try:
-        yield
+        with compile_caches(True):
+            yield
     finally:
-        for c, name, value in saved:
-            setattr(c, name, value)
         if env is None:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:

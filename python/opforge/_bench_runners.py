@@ -116,25 +116,32 @@ def _run(layers, x: Tensor) -> Tensor:
 
 
 @contextlib.contextmanager
-def _no_compile_caches():
-    """Every compile measured compiles: no Inductor or AOTAutograd cache hit."""
+def compile_caches(enabled: bool):
+    """Inductor's FX graph cache and AOTAutograd's cache on or off (and
+    Inductor's force_disable_caches their opposite) for the block."""
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
 
-    changes = [(c, name, value) for c, name, value in ((inductor_config, "force_disable_caches", True),
-                                                        (inductor_config, "fx_graph_cache", False),
-                                                        (functorch_config, "enable_autograd_cache", False))
+    changes = [(c, name, value) for c, name, value in ((inductor_config, "force_disable_caches", not enabled),
+                                                        (inductor_config, "fx_graph_cache", enabled),
+                                                        (functorch_config, "enable_autograd_cache", enabled))
                if hasattr(c, name)]
     saved = [(c, name, getattr(c, name)) for c, name, _ in changes]
     for c, name, value in changes:
         setattr(c, name, value)
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
-            yield
+        yield
     finally:
         for c, name, value in saved:
             setattr(c, name, value)
+
+
+@contextlib.contextmanager
+def _no_compile_caches():
+    """Every compile measured compiles: no Inductor or AOTAutograd cache hit."""
+    with compile_caches(False), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="dynamo_pgo force disabled")
+        yield
 
 
 def measure_compile(layers, x: Tensor, backend: str, sync: Callable[[], None]) -> tuple[float, int]:
