@@ -6,10 +6,17 @@ lowered to `(Tensor q, float cfg__scale, bool cfg__causal, str mode="a")`:
 
     def _call(_self, q, cfg, mode=_D1):                   # OpDef.__call__, as Dynamo traces it
         if type(mode) is not str or mode not in _A2: _bad3(mode)
-        if not isinstance(cfg, _S4): _convert(q, cfg, mode)   # raises the boundary's error
+        if not (isinstance(cfg, _S4)):
+            if _compiling(): _none6((q, cfg, mode, ), _table5)
+            _convert(q, cfg, mode)  # raises the boundary's error
         _l1 = cfg.scale
         _l2 = cfg.causal
+        if (not isinstance(q, _Tensor7) or not _ok8(_l1, _l2)) and _compiling():
+            _leaves10((q, _l1, _l2, ), _table9)   # raises the boundary's error for a bad leaf
         return _op(q, _l1, _l2, mode)
+
+`_ok8` (`_leaf_test`) is one function per list of leaf kinds that Dynamo
+folds to a constant where the leaves are constants.
 
 Eager calls do not run `_call`: they enter C (opforge._C.OpBase), where the
 op's boundary binds and converts the arguments, then either runs the body or
@@ -165,7 +172,7 @@ def _retarget(code: types.CodeType, filename: str) -> types.CodeType:
 _CALL_CACHE: dict[tuple, tuple] = {}
 # The constants of `_call` that do not depend on the op: its struct classes,
 # helpers, torch.Tensor and plain defaults.
-_SHARED_CONSTS = frozenset({"S", "none", "Tensor", "leaves", "D"})
+_SHARED_CONSTS = frozenset({"S", "none", "Tensor", "leaves", "D", "ok"})
 
 
 def _op_table_template(op: str, kind: str, table: tuple) -> tuple | None:
@@ -663,13 +670,22 @@ class Builder:
                 # Torch checks these values again when the flat op runs on fake
                 # tensors, with its own message: the boundary's comes first.
                 # Dynamo evaluates the guards of whatever the test reads on
-                # every compiled call, so it reads only builtins and literals;
-                # the helper that raises is traced only when a value is bad.
+                # every compiled call, so it reads only builtins, literals and
+                # one test function; the helper that raises is traced only
+                # when a value is bad. A Tensor leaf is one isinstance; the
+                # other leaves go to one call of `_leaf_test`'s function, which
+                # Dynamo evaluates at once where the values are constants.
                 values = "".join(f"{e}, " for e, c in zip(exprs, checks) if c is not None)
                 table = tuple((self.op_name, *c) for c in checks if c is not None)
                 tensor = self.const("Tensor", torch.Tensor)
-                bad = " or ".join(_traced_leaf_test(e, tensor, *c) for e, c in zip(exprs, checks) if c is not None)
-                w.line(f"if _compiling() and ({bad}):")
+                bad = [_traced_leaf_test(e, tensor, *c) for e, c in zip(exprs, checks)
+                       if c is not None and c[0] == "tensor"]
+                scalars = [(e, c) for e, c in zip(exprs, checks) if c is not None and c[0] != "tensor"]
+                if scalars:
+                    ok = self.const("ok", _leaf_test(tuple((c[0], c[3]) for _e, c in scalars)))
+                    bad.append(f"not {ok}({', '.join(e for e, _c in scalars)})")
+                # `_compiling()` last: traced only where a value may be bad.
+                w.line(f"if ({' or '.join(bad)}) and _compiling():")
                 with w.block():
                     # The table names the op: a constant, so that ops of one signature share compiled code.
                     name = self.const('table', table)
@@ -911,6 +927,48 @@ def _traced_leaf_test(expr: str, tensor: str, kind: str, where: str, expected: s
     if kind == "str":
         return f"(not isinstance({expr}, str) and ({expr} is not None and not isinstance({expr}, str) or {none}))"
     return "True"  # list:<kind>
+
+
+# (kind, None allowed) of each non-Tensor leaf -> its test (`_leaf_test`).
+_LEAF_TESTS: dict[tuple, Callable] = {}
+
+
+def _leaf_test(spec: tuple) -> Callable:
+    """`ok(*values)`: whether `_check_traced_leaves` accepts these values for
+    leaves of `spec`'s kinds, the test of a traced `_call`. Dynamo calls it
+    as it is where every value is a constant (registered with
+    `torch.compiler.substitute_in_graph(..., can_constant_fold_through=True)`:
+    one step of tracing, not one per leaf) and otherwise traces
+    `_traced_leaf_test`'s expressions (a SymInt, say), which accept whatever
+    it accepts; where torch cannot register it, Dynamo traces it as Python.
+    One function per spec, shared by every op with it."""
+    test = _LEAF_TESTS.get(spec)
+    if test is not None:
+        return test
+
+    def ok(*values):
+        for value, (kind, none_ok) in zip(values, spec):
+            if value is None:
+                if not none_ok:
+                    return False
+            elif _past_int64(kind, value) or _bad_leaf(kind, value):
+                return False
+        return True
+
+    names = [f"v{i}" for i in range(len(spec))]
+    tests = " or ".join(_traced_leaf_test(n, "_Tensor", kind, "", "", none_ok)
+                        for n, (kind, none_ok) in zip(names, spec))
+    namespace = {"_Tensor": torch.Tensor}
+    exec(compile(f"def traced_ok({', '.join(names)}):\n    return not ({tests})\n", "<opforge>", "exec"),
+         namespace)
+    try:
+        test = torch.compiler.substitute_in_graph(ok, can_constant_fold_through=True)(namespace["traced_ok"])
+    except Exception:  # a torch without it, or that refuses: `ok` is traced as Python
+        test = ok
+    if len(_LEAF_TESTS) >= 4096:
+        _LEAF_TESTS.clear()
+    _LEAF_TESTS[spec] = test
+    return test
 
 
 def _check_traced_leaves(values: tuple, table: tuple) -> None:
