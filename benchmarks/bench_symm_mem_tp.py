@@ -454,11 +454,11 @@ def tp_steps(r: Rank) -> tuple[list[dict], list[dict]]:
 
             from torch._inductor.utils import fresh_cache
 
-            from opforge import symm_mem
+            from opforge import _inductor
 
             steps[TORCH_OPS_STEP] = torch.compile(step_torch_ops, fullgraph=True)
             # Compiled without the FlatCall, in a cache of its own: the opforge step's graph is the same.
-            with mock.patch.object(symm_mem, "_call_from_c", lambda *_: None), fresh_cache():
+            with mock.patch.object(_inductor, "call_from_c", lambda *_: None), fresh_cache():
                 steps[TORCH_OPS_STEP](x)
         own = torch_own_step(partial, group, nbytes)
         if own is not None:

@@ -21,7 +21,7 @@ import threading
 import torch
 from torch import _C as _torch_C
 
-from . import _C, _op
+from . import _C, _inductor, _op
 from ._codegen import EMPTY, Param
 from ._structs import find_class, python_value, type_info, types_used_by
 
@@ -110,6 +110,7 @@ def define(name: str) -> CppOpDef:
                          torch.library.Library(ns, "FRAGMENT"), base=CppOpDef)
     leaf_returns = all(node.is_leaf for node in opdef.model.returns)
     opdef._set_dispatcher_op(name, None if leaf_returns else opdef._code.rebuild_output)
+    _inductor.added(overload)
     return opdef
 
 

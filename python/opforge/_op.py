@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import _C as _torch_C
 
-from . import _C, _ffi, _types, handles
+from . import _C, _ffi, _inductor, _types, handles
 from ._codegen import EMPTY, Builder, Leaf, OpCode, Param
 from ._types import Problem, Registrations, Resolver, SignatureError, TypeInfo, Where
 
@@ -308,6 +308,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
         if plan is not None:
             _triton_module().record_forward(name, plan.kernels)
         _REGISTERED[name] = opdef
+        _inductor.added(opdef.overload)
         return opdef
     except BaseException:
         if opdef is not None:

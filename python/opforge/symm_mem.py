@@ -22,14 +22,11 @@ picks them up, and runs by itself when Inductor is first imported.
 from __future__ import annotations
 
 import dataclasses
-import importlib.abc
-import importlib.machinery
 import functools
 import itertools
 import logging
 import os
 import random
-import sys
 import threading
 import time
 import warnings
@@ -39,7 +36,7 @@ from typing import Any
 
 import torch
 
-from . import _C
+from . import _C, _inductor
 
 __all__ = ["TAG", "arg_tags", "declare", "forget", "handled_by", "has_native_registry", "mode", "set_mode",
            "symm_mem_args", "sync", "uninstall"]
@@ -47,7 +44,6 @@ __all__ = ["TAG", "arg_tags", "declare", "forget", "handled_by", "has_native_reg
 TAG = "symm_mem"
 _OPTION = "symm_mem_args"
 _MODES = ("auto", "native", "lowering")
-_INDUCTOR_LOWERING = "torch._inductor.lowering"
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +65,6 @@ _handled: dict[str, _Handling] = {}
 _libs: dict[str, weakref.ref] = {}  # op -> the Library given to declare()
 _own_libs: dict[str, torch.library.Library] = {}  # namespace -> FRAGMENT library for forwarding
 _synced_version: int | None = None
-_inductor_ready = False  # set by the import hook, while the module still reads as initializing
 
 
 # Queries
@@ -170,7 +165,7 @@ def declare(name: str, lowered: Any, names: Sequence[str], *, lib: torch.library
         _C.set_arg_tag(name, TAG, resolved)
         try:
             _apply(name, resolved)
-            _arm_import_hook()
+            _arm()
         except BaseException:
             _C.set_arg_tag(name, TAG, list(previous))
             raise
@@ -184,6 +179,7 @@ def forget(name: str) -> None:
         _C.set_arg_tag(name, TAG, [])
         _undo(name)
         _libs.pop(name, None)
+        _inductor.sync()  # a registered op gets the flat-call lowering back (opforge._inductor)
 
 
 def sync() -> list[str]:
@@ -231,7 +227,8 @@ def uninstall() -> list[str]:
         for name in names:
             _undo(name)
         _synced_version = None
-        _disarm_import_hook()
+        _disarm()
+        _inductor.sync()
         return names
 
 
@@ -276,7 +273,7 @@ def _sync_locked(force: bool) -> list[str]:
     global _synced_version
     version = _C.tags_version()
     waiting = [h for h in _handled.values() if not h.installed]
-    if not force and version == _synced_version and not (waiting and _inductor_loaded()):
+    if not force and version == _synced_version and not (waiting and _inductor.loaded()):
         return []
     tagged = {name: list(_C.args_with_tag(name, TAG)) for name in _C.ops_with_tag(TAG)}
     for name in [n for n in _handled if n not in tagged]:
@@ -289,10 +286,10 @@ def _sync_locked(force: bool) -> list[str]:
         if _apply(name, args):
             newly.append(name)
     for name, handling in _handled.items():
-        if handling.how == "lowering" and not handling.installed and _inductor_loaded():
+        if handling.how == "lowering" and not handling.installed and _inductor.loaded():
             _install_lowerings(name, handling)
     if tagged:
-        _arm_import_hook()
+        _arm()
     _synced_version = version
     return newly
 
@@ -308,7 +305,7 @@ def _apply(name: str, args: Sequence[str]) -> bool:
     handling = _Handling(how, tuple(args))
     if how == "native":
         _forward_native(name, handling)
-    elif _inductor_loaded():
+    elif _inductor.loaded():
         _install_lowerings(name, handling)
     # else: installed by _on_inductor_loaded, when Inductor is imported.
     _handled[name] = handling
@@ -345,14 +342,6 @@ def _forward_native(name: str, handling: _Handling) -> None:
     handling.installed = True
 
 
-def _inductor_loaded() -> bool:
-    if _inductor_ready:
-        return True
-    module = sys.modules.get(_INDUCTOR_LOWERING)
-    spec = getattr(module, "__spec__", None)
-    return module is not None and not getattr(spec, "_initializing", False)
-
-
 def _install_lowerings(name: str, handling: _Handling) -> None:
     from torch._inductor import lowering as L
     from torch._library.utils import get_layout_constraint_tag
@@ -377,7 +366,7 @@ def _install_lowerings(name: str, handling: _Handling) -> None:
         ours = _make_lowering(overload, inner)
         L.lowerings[overload] = ours
         # Also for code loaded from Inductor's cache, which skips the lowering.
-        _register_flat_call(overload)
+        _inductor.register_flat_call(overload)
 
         def undo(overload=overload, ours=ours, previous=previous, before=before):
             if L.lowerings.get(overload) is ours:
@@ -414,7 +403,7 @@ def _make_lowering(overload: torch._ops.OpOverload, inner: Callable) -> Callable
         operations = V.graph.operations
         before = len(operations)
         result = inner(*args, **kwargs)
-        _call_from_c(overload, operations[before:])
+        _inductor.call_from_c(overload, operations[before:])
         return result
 
     lowering._opforge_symm_mem = op  # marks opforge's lowering; tests and uninstall() look for it
@@ -422,46 +411,7 @@ def _make_lowering(overload: torch._ops.OpOverload, inner: Callable) -> Callable
     return lowering
 
 
-def flat_call_name(overload: torch._ops.OpOverload) -> str:
-    """The name under `extern_kernels` of the op's `_C.FlatCall` in the code
-    Inductor emits: 'opforge_7_kernels_10_all_reduce_default'. The lengths
-    keep two ops apart whose names differ only in where '_' falls
-    ('a__b::c' and 'a::b__c')."""
-    ns, name = overload._schema.name.split("::")
-    return f"opforge_{len(ns)}_{ns}_{len(name)}_{name}_{overload._overloadname}"
-
-
-def _register_flat_call(overload: torch._ops.OpOverload) -> None:
-    """Registers the op's `_C.FlatCall` under `extern_kernels` (the namespace
-    Inductor's Python wrapper imports for its own external kernels), as
-    `flat_call_name(overload)`. It stays registered: code compiled earlier
-    keeps it."""
-    from torch._inductor.select_algorithm import extern_kernels
-
-    name = flat_call_name(overload)
-    current = getattr(extern_kernels, name, None)
-    if not isinstance(current, _C.FlatCall) or current.overload is not overload:
-        setattr(extern_kernels, name, _C.FlatCall(overload))
-
-
-def _call_from_c(overload: torch._ops.OpOverload, operations) -> None:
-    """Has the Python wrapper Inductor emits call the op's FallbackKernels
-    through `_C.FlatCall` (the dispatcher from C) instead of
-    `torch.ops.ns.op.overload` (pybind's argument packing and a Python frame:
-    about 1.2 µs a call on a 2-core CPU host, docs/symm_mem.md#the-compiled-steps-eager-time).
-    The emitted name falls back to torch's op where the call is not
-    registered: code loaded from Inductor's cache into a process where the op
-    is no longer tagged. The C++ and FX wrappers keep torch's call."""
-    from torch._inductor import ir
-    from torch._inductor.virtualized import V
-
-    if V.graph.cpp_wrapper or getattr(V.graph, "fx_wrapper", False):
-        return
-    name = flat_call_name(overload)  # registered when the lowering was installed
-    for node in operations:
-        if isinstance(node, ir.FallbackKernel) and node.op_overload is overload:
-            # Inductor's own name for the call, torch.ops.ns.op.overload, is the fallback.
-            node.python_kernel_name = f"(getattr(extern_kernels, {name!r}, None) or {node.python_kernel_name})"
+flat_call_name = _inductor.flat_call_name
 
 
 def _realize_tagged(op: str, names: list[str], args: tuple, kwargs: dict) -> None:
@@ -512,59 +462,26 @@ def _fresh_alloc_ids() -> None:
     random.seed((os.getpid() << 32) ^ next(_compiles) ^ time.monotonic_ns())
 
 
+_armed = True  # whether Inductor's import syncs; uninstall() turns it off until the next declare or sync
+
+
+def _arm() -> None:
+    global _armed
+    _armed = True
+    _inductor.arm()
+
+
+def _disarm() -> None:
+    global _armed
+    _armed = False
+
+
 def _on_inductor_loaded() -> None:
-    try:
-        with _lock:
-            _sync_locked(force=False)
-    except Exception:  # never break Inductor's import
-        log.exception("opforge.symm_mem: installing the Inductor lowerings failed")
-
-
-class _AfterImport:
-    """Runs `_on_inductor_loaded` once Inductor's lowering module has run, so
-    declaring an op does not import Inductor (seconds) in programs that never
-    compile, and ops tagged in C++ are picked up before the first lowering."""
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        global _inductor_ready
-        self._loader.exec_module(module)
-        _inductor_ready = True
-        _on_inductor_loaded()
-
-
-class _ImportHook(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _INDUCTOR_LOWERING:
-            return None
-        _disarm_import_hook()
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _AfterImport(spec.loader)
-        return spec
-
-
-_hook = _ImportHook()
-
-
-def _arm_import_hook() -> None:
-    if not _inductor_loaded() and _hook not in sys.meta_path:
-        sys.meta_path.insert(0, _hook)
-
-
-def _disarm_import_hook() -> None:
-    while _hook in sys.meta_path:
-        sys.meta_path.remove(_hook)
+    if not _armed:
+        return
+    with _lock:
+        _sync_locked(force=False)
 
 
 # Ops tagged in C++ before Inductor is imported are synced when it is.
-_arm_import_hook()
+_inductor.on_load(_on_inductor_loaded)

@@ -150,6 +150,32 @@ def test_a_cpp_backward_compiles_forward_and_backward(kernels):
     torch.testing.assert_close((cx, cw), (gx, gw))
 
 
+def test_inductors_code_calls_cpp_ops_from_c(kernels):
+    # opforge._inductor: the wrapper calls the C++ op's FlatCall, not torch.ops.
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    from opforge import _inductor
+
+    NormCfg = opforge.structs.kernels.NormCfg
+
+    def f(x, res, w):
+        y = kernels.rms_norm_fn(x * 2, w, NormCfg(eps=1e-5))
+        kernels.fused_add_rms_norm(y, res, w, NormCfg(eps=1e-5))  # writes both
+        return y + res
+
+    args = (torch.randn(2, 8), torch.randn(2, 8), torch.randn(8))
+    want = f(*(a.clone() for a in args))
+    torch._dynamo.reset()
+    with fresh_cache():
+        out, code = run_and_get_code(torch.compile(f, fullgraph=True), *(a.clone() for a in args))
+    torch.testing.assert_close(out, want)
+    code = "\n".join(code)
+    for op in (kernels.rms_norm_fn, kernels.fused_add_rms_norm):
+        name = _inductor.flat_call_name(op.overload)
+        assert f"(getattr(extern_kernels, {name!r}, None) or torch.ops.kernels.{op.name.split('::')[1]}.default)(" \
+            in code, code
+
+
 # --- 5: the first call of a C++ op inside a compiled region ------------------------
 
 def test_the_first_call_of_a_cpp_op_may_be_inside_torch_compile(kernels):

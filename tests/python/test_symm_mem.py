@@ -345,17 +345,25 @@ def test_an_unknown_mode_is_an_error():
 
 # opforge's Inductor lowering (torch without the native registry)
 
-def test_the_lowering_is_installed_and_removed(defined, lowering_path):
+def test_the_lowering_is_installed_and_removed(defined, lowering_path, monkeypatch):
     import torch._inductor.lowering as L
 
     op = all_reduce_op(defined)
-    assert op.overload not in L.lowerings
+    # Every opforge op has the flat-call lowering (opforge._inductor); the symm_mem one wraps it.
+    flat = lowering_of(op)
+    assert flat._opforge_flat_call is op.overload
     declare(op, ["input"])
     assert symm_mem.handled_by(op.name) == "lowering"
     assert lowering_of(op)._opforge_symm_mem == op.name
     if NATIVE:
         assert native_entry(op.name).get() is None
     assert op.name in symm_mem.uninstall()
+    assert lowering_of(op) is flat
+    # Without the flat-call lowering, uninstall() leaves nothing of its own behind.
+    assert symm_mem._inductor.remove(op.overload)
+    monkeypatch.setattr(symm_mem._inductor, "sync", lambda: 0)
+    declare(op, ["input"])
+    symm_mem.uninstall()
     assert op.overload not in L.lowerings
     assert op.overload not in L.fallbacks and op.overload not in L._maybe_layout_constraints
     symm_mem.sync()
@@ -473,8 +481,9 @@ def test_ops_whose_names_differ_only_in_underscores_get_calls_of_their_own():
 
 def test_a_cached_graph_finds_the_call_in_a_fresh_process(tmp_path):
     # Later processes load the first one's code from Inductor's cache, which
-    # skips the lowering: the call is registered all the same, and a process
-    # where the op is not tagged (so nothing registers it) calls torch's op.
+    # skips the lowering: the call is registered all the same (tagged or not,
+    # every opforge op has one: opforge._inductor), and a process that defines
+    # the op with torch.library instead (so nothing registers it) calls torch's op.
     script = """
         import os, sys, torch, opforge
         from opforge import symm_mem
@@ -482,10 +491,18 @@ def test_a_cached_graph_finds_the_call_in_a_fresh_process(tmp_path):
         from torch._inductor.select_algorithm import extern_kernels
         symm_mem.set_mode("lowering")
         tagged = ("input",) if sys.argv[1] == "tagged" else ()
+        fake = lambda input, reduce_op, group_name: input.clone()
 
-        @opforge.op("cached::ar", symm_mem_args=tagged, fake=lambda input, reduce_op, group_name: input.clone())
-        def ar(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
-            return input * 2
+        if sys.argv[1] == "torch.library":
+            lib = torch.library.Library("cached", "DEF")
+            lib.define("ar(Tensor input, str reduce_op, str group_name) -> Tensor")
+            lib.impl("ar", lambda input, reduce_op, group_name: input * 2, "CPU")
+            torch.library.register_fake("cached::ar", fake, lib=lib)
+            ar = torch.ops.cached.ar.default
+        else:
+            @opforge.op("cached::ar", symm_mem_args=tagged, fake=fake)
+            def ar(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
+                return input * 2
 
         out = torch.compile(lambda t: ar(t + 1, "sum", "0"), fullgraph=True)(torch.ones(3))
         hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
@@ -493,12 +510,13 @@ def test_a_cached_graph_finds_the_call_in_a_fresh_process(tmp_path):
     """
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
     outs = []
-    for how in ("tagged", "tagged", "untagged"):
+    for how in ("tagged", "tagged", "untagged", "torch.library"):
         run = subprocess.run([sys.executable, "-c", textwrap.dedent(script), how], capture_output=True, text=True,
                              timeout=300, cwd=ROOT, env=env)
         assert run.returncode == 0, run.stderr
         outs.append(run.stdout.strip())
-    assert outs == ["[4.0, 4.0, 4.0] 0 True", "[4.0, 4.0, 4.0] 1 True", "[4.0, 4.0, 4.0] 1 False"]
+    assert outs == ["[4.0, 4.0, 4.0] 0 True", "[4.0, 4.0, 4.0] 1 True", "[4.0, 4.0, 4.0] 1 True",
+                    "[4.0, 4.0, 4.0] 1 False"]
     code = "".join(p.read_text() for p in tmp_path.rglob("*.py"))
     assert "getattr(extern_kernels, 'opforge_6_cached_2_ar_default', None)" in code
 
