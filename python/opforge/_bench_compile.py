@@ -11,6 +11,10 @@ twins take the five scalars as arguments. Measured in one process, the three
 models in turn in every repeat (medians), one intra-op thread:
 
     registration   ms per op at 1, 5 and 30 leaves (`opforge bench`'s measurement)
+    generated      ms per op registering the ops `opforge gen aten` makes from the 525-name
+                   allowlist (its C++ library loaded) against the same schemas defined in
+                   Python with define+impl and with custom_op(schema=...), each forwarding to
+                   its ATen overload; fresh child processes, the variants in turn
     dynamo         the first call under torch.compile(backend="eager"), after torch._dynamo.reset()
                    (and gc.collect(), before every compile timed)
     inductor cold  the first call under torch.compile (Inductor), no compile cache
@@ -27,10 +31,13 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from typing import Callable
 
@@ -124,16 +131,127 @@ def measure_layers(layers: int, dim: int, batch: int, repeats: int, step_repeats
     return out
 
 
+_GEN_VARIANTS = ("opforge gen aten", "define+impl", "custom_op")
+_GEN_NAMESPACE = "opforge_bench_gen"
+
+# One registration of every op of the generation, in a fresh process: prints
+# {"ms": total milliseconds, "ops": ops registered, "refused": [why, ...]}.
+_GEN_CHILD = textwrap.dedent("""
+    import json, sys, time
+    import torch
+    variant, ops_json, library = sys.argv[1:4]
+    ops = json.load(open(ops_json))["ops"]
+
+    def forwarder(target):
+        ns, rest = target.split("::")
+        name, _, overload = rest.partition(".")
+        overload = getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
+        return lambda *args, **kwargs: overload(*args, **kwargs)
+
+    refused = []
+    if variant == "opforge gen aten":
+        start = time.perf_counter()
+        torch.ops.load_library(library)
+        ms, count = (time.perf_counter() - start) * 1e3, len(ops)
+    elif variant == "define+impl":
+        start = time.perf_counter()
+        lib = torch.library.Library(ops[0]["qualified_name"].split("::")[0], "DEF")
+        for op in ops:
+            lib.define(op["schema"].split("::", 1)[1])
+            lib.impl(op["name"], forwarder(op["target"]), "CompositeExplicitAutograd")
+        ms, count = (time.perf_counter() - start) * 1e3, len(ops)
+    else:
+        # custom_op takes no keyword-only tensor and returns no alias: the nearest
+        # schema it accepts has the written tensors positional (arguments with a
+        # default keyword-only) and returns nothing.
+        ms, count = 0.0, 0
+        for op in ops:
+            args = op["arguments"]
+            first = ([a for a in args if not a["kwarg_only"] and "default" not in a]
+                     + [a for a in args if a["kwarg_only"] and "!" in a.get("alias", "")])
+            rest = [a for a in args if a not in first]
+            text = lambda a: a["type"].replace("Tensor", "Tensor" + a.get("alias", ""), 1) + " " + a["name"] + (
+                "=" + a["default"] if "default" in a else "")
+            schema = "(" + ", ".join([text(a) for a in first] + (["*"] + [text(a) for a in rest] if rest else [])) + ") -> ()"
+            names = [a["name"] for a in first]
+            target = forwarder(op["target"])
+            start = time.perf_counter()
+            try:
+                torch.library.custom_op(op["qualified_name"], lambda *a, _n=names, _t=target, **k: [_t(**dict(zip(_n, a)), **k), None][1],
+                                        mutates_args=[a["name"] for a in args if "!" in a.get("alias", "")], schema=schema)
+            except Exception as e:  # refused: not timed
+                refused.append(str(e).splitlines()[0][:200])
+                continue
+            ms += (time.perf_counter() - start) * 1e3
+            count += 1
+    # Each registration is a working op (not timed): abs forwards, its out written.
+    if any(op["name"] == "abs" for op in ops):
+        x, out = torch.tensor([-1.5, 2.0]), torch.empty(2)
+        abs_op = getattr(torch.ops, ops[0]["qualified_name"].split("::")[0]).abs
+        abs_op(x, out) if variant == "custom_op" else abs_op(x, out=out)
+        assert torch.equal(out, x.abs()), (variant, out)
+    print(json.dumps({"ms": ms, "ops": count, "refused": refused}))
+""")
+
+
+def default_allowlist() -> str | None:
+    """The 525-name allowlist of examples/codegen, where this is a checkout."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "codegen", "aten_allowlist.txt")
+    return os.path.normpath(path) if os.path.isfile(path) else None
+
+
+def generated_library(allowlist: str, out_dir: str) -> tuple[str, str]:
+    """(ops JSON, library) of `opforge gen aten` on `allowlist` in `out_dir`,
+    rebuilt only where it changed (the first build takes a minute or two)."""
+    from .gen import _generate
+
+    print(f"  generating and building the ops of {os.path.basename(allowlist)} in {out_dir} ...",
+          file=sys.stderr, flush=True)
+    os.makedirs(out_dir, exist_ok=True)
+    report = _generate.generate_aten(allowlist, _GEN_NAMESPACE, out_dir, tests=False, jobs=os.cpu_count() or 2)
+    return os.path.join(out_dir, f"{_GEN_NAMESPACE}_ops.json"), report.library
+
+
+def measure_generated(allowlist: str, out_dir: str, repeats: int) -> dict:
+    ops_json, library = generated_library(allowlist, out_dir)
+    samples: dict[str, list[float]] = {name: [] for name in _GEN_VARIANTS}
+    counts: dict[str, int] = {}
+    refused: dict[str, list[str]] = {}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for r in range(repeats):
+        for name in _GEN_VARIANTS:
+            print(f"  generated ops, repeat {r + 1}/{repeats}: {name} ...", file=sys.stderr, flush=True)
+            run = subprocess.run([sys.executable, "-c", _GEN_CHILD, name, ops_json, library], capture_output=True,
+                                 text=True, timeout=600, env=env)
+            if run.returncode != 0:
+                raise RuntimeError(f"opforge bench --compile: registering the generated ops with {name} failed:\n"
+                                   f"{run.stderr[-2000:]}")
+            result = json.loads(run.stdout.strip().splitlines()[-1])
+            samples[name].append(result["ms"] / max(result["ops"], 1))
+            counts[name] = result["ops"]
+            refused[name] = result["refused"]
+    with open(ops_json) as f:
+        data = json.load(f)
+    return {"ops": len(data["ops"]), "names": data["allowlist"]["names"], "library": library,
+            "ms_per_op": {name: statistics.median(v) for name, v in samples.items()},
+            "registered": counts, "refused": {name: len(v) for name, v in refused.items()},
+            "refused_example": {name: v[0] for name, v in refused.items() if v}}
+
+
 def measure(args: argparse.Namespace) -> dict:
     registration = {}
     for n in args.compile_leaves:
         print(f"  registration with {n} leaves ...", file=sys.stderr, flush=True)
         registration[n] = _bench.measure_registration(n, count=args.registrations, repeats=args.compile_repeats,
                                                       distinct=False)
+    generated = None
+    allowlist = args.compile_allowlist or default_allowlist()
+    if allowlist and args.compile_generated:
+        generated = measure_generated(allowlist, args.compile_gen_dir, args.compile_repeats)
     by_layers = {layers: measure_layers(layers, args.dim_compiled, args.batch, args.compile_repeats, args.repeats,
                                         args.min_time)
                  for layers in args.compile_layers}
-    return {"torch": torch.__version__, "registration": registration, "layers": by_layers}
+    return {"torch": torch.__version__, "registration": registration, "generated": generated, "layers": by_layers}
 
 
 def _verdict(ratio: float, budget: float) -> str:
@@ -146,6 +264,18 @@ def render(result: dict) -> str:
     for n, reg in result["registration"].items():
         lines.append(f"{f'  {n} leaves':28}{reg['opforge']:>10.3f}{reg['custom_op']:>11.3f}{reg['define_impl']:>13.3f}"
                      f"   opforge / custom_op {_verdict(reg['opforge'] / reg['custom_op'], 0.5)}")
+    generated = result.get("generated")
+    if generated:
+        ms, n, names = generated["ms_per_op"], generated["ops"], generated["names"]
+        lines.append(f"{f'  {n} ops of {names} names':28}{ms['opforge gen aten']:>10.4f}{ms['custom_op']:>11.3f}"
+                     f"{ms['define+impl']:>13.3f}   opforge / custom_op "
+                     f"{_verdict(ms['opforge gen aten'] / ms['custom_op'], 0.5)}")
+        lines.append(f"{'':28}(opforge: loading the C++ library `opforge gen aten` built; the others: the same "
+                     "schemas defined in Python, forwarding to ATen)")
+        accepted = generated["registered"]["custom_op"]
+        if accepted < n:
+            lines.append(f"{'':28}custom_op took {accepted} of the {n} schemas (per op: those); it refused "
+                         f"{n - accepted}: {generated['refused_example'].get('custom_op', '')}")
     for layers, rows in result["layers"].items():
         lines += ["", f"{f'{layers} layers x 4 ops':28}" + "".join(f"{name:>20}" for name in _VARIANTS)]
         for key, label, fmt in (("dynamo_s", "dynamo s", ".3f"), ("inductor_cold_s", "inductor cold s", ".3f"),
@@ -170,6 +300,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="model depths, comma-separated (default 16,80)")
     group.add_argument("--compile-leaves", type=_ints, default=[1, 5, 30],
                        help="leaf counts for the registration rows (default 1,5,30)")
+    group.add_argument("--compile-allowlist", default=None,
+                       help="allowlist for the generated-ops row (default: examples/codegen/aten_allowlist.txt "
+                            "of this checkout, 525 names)")
+    group.add_argument("--compile-gen-dir", default=os.path.join(
+                           tempfile.gettempdir(), f"opforge-bench-gen-torch-{torch.__version__.split('+')[0]}"),
+                       help="where the generated library is built and kept between runs")
+    group.add_argument("--no-compile-generated", dest="compile_generated", action="store_false",
+                       help="leave out the generated-ops row (its first build takes a minute or two)")
 
 
 def run(args: argparse.Namespace) -> int:
