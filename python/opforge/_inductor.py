@@ -145,19 +145,43 @@ def _decomposed(overload: torch._ops.OpOverload) -> bool:
     return overload in L.decompositions or overload in table or overload.overloadpacket in table
 
 
-def _install(overload: torch._ops.OpOverload) -> None:
+def make_fallback(overload: torch._ops.OpOverload) -> tuple[Callable, tuple]:
+    """What Inductor does when it first meets a custom op: a fallback with
+    the op's layout constraint. Returns the fallback's lowering and what
+    Inductor's tables held for the op before (for `restore_tables`)."""
     from torch._inductor import lowering as L
     from torch._library.utils import get_layout_constraint_tag
 
+    before = (overload in L.fallbacks, overload in L.needs_realized_inputs,
+              L._maybe_layout_constraints.get(overload, _ABSENT))
+    constraint = L.tag_to_layout_constraint(get_layout_constraint_tag(overload, with_default=True))
+    L.make_fallback(overload, layout_constraint=constraint, warn=False)
+    return L.lowerings[overload], before
+
+
+def restore_tables(overload: torch._ops.OpOverload, before: tuple) -> None:
+    """Inductor's fallback tables for the op as `make_fallback` found them."""
+    from torch._inductor import lowering as L
+
+    in_fallbacks, in_realized, constraint = before
+    if not in_fallbacks:
+        L.fallbacks.discard(overload)
+    if not in_realized:
+        L.needs_realized_inputs.discard(overload)
+    if constraint is _ABSENT:
+        L._maybe_layout_constraints.pop(overload, None)
+    else:
+        L._maybe_layout_constraints[overload] = constraint
+
+
+def _install(overload: torch._ops.OpOverload) -> None:
+    from torch._inductor import lowering as L
+
     if overload in L.lowerings or _decomposed(overload):
         return  # a lowering of someone else's, or Inductor decomposes the op: theirs
-    # What Inductor does when it first meets a custom op: a fallback with the op's layout constraint.
-    constraint = L.tag_to_layout_constraint(get_layout_constraint_tag(overload, with_default=True))
     register_flat_call(overload)
-    _before[overload] = (overload in L.fallbacks, overload in L.needs_realized_inputs,
-                         L._maybe_layout_constraints.get(overload, _ABSENT))
-    L.make_fallback(overload, layout_constraint=constraint, warn=False)
-    ours = L.lowerings[overload] = _make_lowering(overload, L.lowerings[overload])
+    fallback, _before[overload] = make_fallback(overload)
+    ours = L.lowerings[overload] = _make_lowering(overload, fallback)
     _installed[overload] = ours
 
 
@@ -173,15 +197,7 @@ def remove(overload: torch._ops.OpOverload) -> bool:
         if ours is None or L.lowerings.get(overload) is not ours:
             return False
         del L.lowerings[overload]
-        in_fallbacks, in_realized, constraint = before
-        if not in_fallbacks:
-            L.fallbacks.discard(overload)
-        if not in_realized:
-            L.needs_realized_inputs.discard(overload)
-        if constraint is _ABSENT:
-            L._maybe_layout_constraints.pop(overload, None)
-        else:
-            L._maybe_layout_constraints[overload] = constraint
+        restore_tables(overload, before)
         return True
 
 

@@ -344,7 +344,6 @@ def _forward_native(name: str, handling: _Handling) -> None:
 
 def _install_lowerings(name: str, handling: _Handling) -> None:
     from torch._inductor import lowering as L
-    from torch._library.utils import get_layout_constraint_tag
 
     ns, opname = name.split("::")
     try:
@@ -357,12 +356,7 @@ def _install_lowerings(name: str, handling: _Handling) -> None:
         inner = previous
         before = None
         if inner is None:
-            # What Inductor does when it first meets a custom op: a fallback with the op's layout constraint.
-            before = (overload in L.fallbacks, overload in L.needs_realized_inputs,
-                      L._maybe_layout_constraints.get(overload, _ABSENT))
-            constraint = L.tag_to_layout_constraint(get_layout_constraint_tag(overload, with_default=True))
-            L.make_fallback(overload, layout_constraint=constraint, warn=False)
-            inner = L.lowerings[overload]
+            inner, before = _inductor.make_fallback(overload)
         ours = _make_lowering(overload, inner)
         L.lowerings[overload] = ours
         # Also for code loaded from Inductor's cache, which skips the lowering.
@@ -375,21 +369,10 @@ def _install_lowerings(name: str, handling: _Handling) -> None:
                 else:
                     L.lowerings[overload] = previous
             if before is not None:
-                in_fallbacks, in_realized, constraint = before
-                if not in_fallbacks:
-                    L.fallbacks.discard(overload)
-                if not in_realized:
-                    L.needs_realized_inputs.discard(overload)
-                if constraint is _ABSENT:
-                    L._maybe_layout_constraints.pop(overload, None)
-                else:
-                    L._maybe_layout_constraints[overload] = constraint
+                _inductor.restore_tables(overload, before)
 
         handling.undo.append(undo)
     handling.installed = True
-
-
-_ABSENT = object()
 
 
 def _make_lowering(overload: torch._ops.OpOverload, inner: Callable) -> Callable:
