@@ -387,9 +387,14 @@ def _wrong_type(obj: Any, cls: type, where: str) -> TypeError:
 
 
 def _exporting() -> bool:
+    """Whether torch.export is tracing. The flag itself, not
+    `torch.compiler.is_exporting()`, which the Dynamo of some releases (2.11
+    among them) traces as True under torch.compile too, so every compiled
+    call of a handle op would be refused as an export."""
     import torch
 
-    return torch.compiler.is_exporting()
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return flag if isinstance(flag, bool) else torch.compiler.is_exporting()
 
 
 def _export_error(obj: Any, where: str) -> RuntimeError:

@@ -152,9 +152,13 @@ def test_an_op_with_a_decomposition_in_inductors_table_is_left_to_inductor(ns):
         register_decomposition(decomposed.overload)(lambda x: x * 10)
         _inductor.sync()
         assert decomposed.overload not in lowerings
-        out, code = compile_and_code(lambda x: decomposed(x + 1), torch.ones(2))
-        assert torch.equal(out, torch.full((2,), 20.0))
-        assert _inductor.flat_call_name(decomposed.overload) not in code
+        try:
+            out, code = compile_and_code(lambda x: decomposed(x + 1), torch.ones(2))
+        except Exception as e:  # noqa: BLE001 - Inductor's own verdict on such an op, in some releases (2.11)
+            assert "both a fallback and a decomp for same op" in str(e), e
+        else:
+            assert torch.equal(out, torch.full((2,), 20.0))
+            assert _inductor.flat_call_name(decomposed.overload) not in code
     finally:
         decompositions.pop(decomposed.overload, None)
 
