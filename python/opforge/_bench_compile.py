@@ -164,21 +164,28 @@ _GEN_CHILD = textwrap.dedent("""
         # custom_op takes no keyword-only tensor and returns no alias: the nearest
         # schema it accepts has the written tensors positional (arguments with a
         # default keyword-only) and returns nothing.
+        def text(a):
+            annotated = a["type"].replace("Tensor", "Tensor" + a.get("alias", ""), 1)
+            return f"{annotated} {a['name']}" + (f"={a['default']}" if "default" in a else "")
+
+        def calling(target, positional):
+            def call(*args, **kwargs):
+                target(**dict(zip(positional, args)), **kwargs)
+            return call
+
         ms, count = 0.0, 0
         for op in ops:
             args = op["arguments"]
-            first = ([a for a in args if not a["kwarg_only"] and "default" not in a]
-                     + [a for a in args if a["kwarg_only"] and "!" in a.get("alias", "")])
-            rest = [a for a in args if a not in first]
-            text = lambda a: a["type"].replace("Tensor", "Tensor" + a.get("alias", ""), 1) + " " + a["name"] + (
-                "=" + a["default"] if "default" in a else "")
-            schema = "(" + ", ".join([text(a) for a in first] + (["*"] + [text(a) for a in rest] if rest else [])) + ") -> ()"
-            names = [a["name"] for a in first]
-            target = forwarder(op["target"])
+            written = [a for a in args if "!" in a.get("alias", "")]
+            first = [a for a in args if not a["kwarg_only"] and "default" not in a] + \
+                [a for a in written if a["kwarg_only"]]
+            rest = [text(a) for a in args if a not in first]
+            schema = "(" + ", ".join([text(a) for a in first] + (["*", *rest] if rest else [])) + ") -> ()"
+            fn = calling(forwarder(op["target"]), [a["name"] for a in first])
             start = time.perf_counter()
             try:
-                torch.library.custom_op(op["qualified_name"], lambda *a, _n=names, _t=target, **k: [_t(**dict(zip(_n, a)), **k), None][1],
-                                        mutates_args=[a["name"] for a in args if "!" in a.get("alias", "")], schema=schema)
+                torch.library.custom_op(op["qualified_name"], fn, mutates_args=[a["name"] for a in written],
+                                        schema=schema)
             except Exception as e:  # refused: not timed
                 refused.append(str(e).splitlines()[0][:200])
                 continue

@@ -279,11 +279,7 @@ _hook = _ImportHook()
 
 
 def arm() -> None:
-    """Arms the import hook again where Inductor is not loaded yet."""
-    _arm_import_hook()
-
-
-def _arm_import_hook() -> None:
+    """Arms the import hook (again) where Inductor is not loaded yet."""
     if not loaded() and _hook not in sys.meta_path:
         sys.meta_path.insert(0, _hook)
 
@@ -294,4 +290,4 @@ def _disarm_import_hook() -> None:
 
 
 on_load(sync)
-_arm_import_hook()
+arm()
