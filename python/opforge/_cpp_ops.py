@@ -164,11 +164,31 @@ def _on_compile_start(*_args) -> None:
 
 
 def _install_compile_hook() -> None:
+    """`refresh` as a Dynamo compile-start callback, kept through
+    `torch._dynamo.reset()`: reset clears every start callback, and a C++
+    op loaded after it with a plain `torch.ops.load_library` would then meet
+    its first compiled call with no OpDef (the miss path, which Dynamo cannot
+    trace) and no symm_mem lowering."""
     try:
         from torch._dynamo.callback import callback_handler
     except ImportError:  # pragma: no cover - every supported torch has it
         return
-    callback_handler.register_start_callback(_on_compile_start)
+    if _on_compile_start not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_on_compile_start)
+    clear = getattr(callback_handler, "clear", None)
+    if clear is None or getattr(clear, "_opforge_keeps", False):
+        return
+
+    def clear_keeping_opforge() -> None:
+        clear()
+        if _on_compile_start not in callback_handler.start_callbacks:
+            callback_handler.register_start_callback(_on_compile_start)
+
+    clear_keeping_opforge._opforge_keeps = True
+    try:
+        callback_handler.clear = clear_keeping_opforge
+    except AttributeError:  # pragma: no cover - a handler without instance attributes: opforge.ops' miss path only
+        pass
 
 
 class _Namespace:

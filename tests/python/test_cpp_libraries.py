@@ -147,11 +147,13 @@ def test_a_library_block_that_cannot_be_registered_raises_and_leaves_nothing():
 
 @pytest.mark.skipif(not hasattr(torch.library.Library, "register_symm_mem_args"),
                     reason="torch's own symm-mem registry exists from torch 2.13")
-def test_cpp_symm_mem_args_reach_torchs_registry_when_inductor_was_imported_first():
+@pytest.mark.parametrize("reset", ["", "torch._dynamo.reset()"])
+def test_cpp_symm_mem_args_reach_torchs_registry_when_inductor_was_imported_first(reset):
     library = os.path.join(build("tests/cpp_ext", "cpp_ext"), "libopforge_test_ext.so")
     result = run_python(f"""
         import torch, torch._inductor.lowering   # a serving engine imports Inductor early
         import opforge
+        {reset}
         from torch._library.simple_registry import singleton
         torch.ops.load_library({library!r})
         compiled = torch.compile(lambda x: x + 1, backend="eager")

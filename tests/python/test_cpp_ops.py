@@ -80,3 +80,28 @@ def test_cpp_op_compiles_with_fullgraph_and_its_fake_kernel(ext):
 def test_unknown_cpp_op_is_a_clear_error(ext):
     with pytest.raises(AttributeError, match="was not defined with OPFORGE_LIBRARY"):
         opforge.ops.opforge_ext.nope
+
+
+def test_a_dynamo_reset_clears_other_start_callbacks_but_keeps_opforges():
+    # torch._dynamo.reset() still clears what others registered; opforge's
+    # refresh stays, once (opforge._cpp_ops._install_compile_hook).
+    from torch._dynamo.callback import callback_handler
+
+    from opforge import _cpp_ops
+
+    seen = []
+
+    def theirs(*_args):
+        seen.append(1)
+
+    callback_handler.register_start_callback(theirs)
+    for _ in range(2):
+        torch._dynamo.reset()
+    assert theirs not in callback_handler.start_callbacks
+    assert callback_handler.start_callbacks.count(_cpp_ops._on_compile_start) == 1
+    _cpp_ops._install_compile_hook()  # a second install registers and wraps nothing twice
+    assert callback_handler.start_callbacks.count(_cpp_ops._on_compile_start) == 1
+    torch._dynamo.reset()
+    assert callback_handler.start_callbacks.count(_cpp_ops._on_compile_start) == 1
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
+    assert seen == []

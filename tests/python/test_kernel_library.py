@@ -178,10 +178,13 @@ def test_inductors_code_calls_cpp_ops_from_c(kernels):
 
 # --- 5: the first call of a C++ op inside a compiled region ------------------------
 
-def test_the_first_call_of_a_cpp_op_may_be_inside_torch_compile(kernels):
+@pytest.mark.parametrize("reset", ["", "torch._dynamo.reset()", "torch.compiler.reset()"])
+def test_the_first_call_of_a_cpp_op_may_be_inside_torch_compile(kernels, reset):
+    # After a reset too: it clears Dynamo's compile-start callbacks, opforge's included.
     library = kernel_library.library_path()
     result = run_python(f"""
         import torch, opforge
+        {reset}
         torch.ops.load_library({library!r})   # not opforge.load_library: nothing made yet
 
         @torch.compile(fullgraph=True)
