@@ -35,7 +35,7 @@ import torch
 
 from . import _C
 
-__all__ = ["added", "call_from_c", "flat_call_name", "loaded", "on_load", "register_flat_call", "remove", "sync"]
+__all__ = ["added", "added_again", "call_from_c", "flat_call_name", "loaded", "on_load", "register_flat_call", "remove", "sync"]
 
 LOWERING_MODULE = "torch._inductor.lowering"
 _PREFIX = "(getattr(extern_kernels, "
@@ -223,6 +223,18 @@ def added(overload: torch._ops.OpOverload) -> None:
     if loaded():
         with _lock:
             _try_install(overload)
+
+
+def added_again(name: str) -> None:
+    """`added` for the opforge op `name` ('ns::op') where it is defined
+    (Python or C++), say once a lowering of its own is gone; nothing for a
+    name that is not (an op whose definition failed)."""
+    from . import _cpp_ops, _op
+
+    op = _op.registered_ops().get(name) or _cpp_ops._made.get(name)
+    overload = getattr(op, "overload", None)
+    if isinstance(overload, torch._ops.OpOverload):
+        added(overload)
 
 
 def sync() -> int:

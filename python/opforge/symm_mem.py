@@ -179,7 +179,7 @@ def forget(name: str) -> None:
         _C.set_arg_tag(name, TAG, [])
         _undo(name)
         _libs.pop(name, None)
-        _inductor.sync()  # a registered op gets the flat-call lowering back (opforge._inductor)
+        _inductor.added_again(name)  # a defined op gets the flat-call lowering back (opforge._inductor)
 
 
 def sync() -> list[str]:

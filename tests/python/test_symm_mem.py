@@ -278,6 +278,8 @@ def test_forget_drops_the_tags_and_what_they_installed(defined, path):
     symm_mem.forget(op.name)
     assert symm_mem.symm_mem_args(op.name) == []
     assert symm_mem.handled_by(op.name) is None
+    # The op, still defined, has the flat-call lowering back (opforge._inductor).
+    assert getattr(lowering_of(op), "_opforge_flat_call", None) is op.overload
     if path == "native":
         assert native_entry(op.name).get() is None
 
@@ -650,6 +652,22 @@ def test_the_decorator_declares_symm_mem_args(ns):
         assert symm_mem.handled_by(ar.name) == ("native" if NATIVE else "lowering")
     finally:
         symm_mem.forget(ar.name)
+
+
+def test_forgetting_tags_declared_at_definition_gives_the_op_its_flat_call_lowering(ns, lowering_path):
+    # The symm_mem lowering came first and had nothing to wrap; once it is
+    # gone the op gets the lowering every opforge op has (opforge._inductor).
+    import torch._inductor.lowering  # noqa: F401 - the lowering path installs into Inductor's tables
+
+    @opforge.op(f"{ns}::ar", symm_mem_args=("input",))
+    def ar(input: Tensor, reduce_op: str, group_name: str) -> Tensor:
+        return input.clone()
+
+    try:
+        assert getattr(lowering_of(ar), "_opforge_symm_mem", None) == ar.name
+    finally:
+        symm_mem.forget(ar.name)
+    assert getattr(lowering_of(ar), "_opforge_flat_call", None) is ar.overload
 
 
 @realizes_fixed_buffers
