@@ -23,16 +23,22 @@ models in turn in every repeat (medians), one intra-op thread:
     recompiles     graphs compiled when one field of every layer's first struct
                    changes (eager backend; the flat models read the same field)
     step           the compiled (Inductor) model's inference step, µs
+    traced work    the Python and C function calls (cProfile's count) of one Dynamo
+                   trace and of one cold Inductor compile, per call site: unlike the
+                   times, the same to a thousandth from run to run and machine to
+                   machine (for one torch)
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import dataclasses
 import gc
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -80,6 +86,25 @@ def _first_call(model: torch.nn.Module, x: torch.Tensor, backend: str) -> tuple[
     return time.perf_counter() - start, fn, out
 
 
+def _traced_calls(model: torch.nn.Module, x: torch.Tensor, backend: str) -> int | None:
+    """The function calls (Python and C, cProfile's count) of the first call
+    under torch.compile, as `_first_call` makes it; None where another
+    profiler is active."""
+    torch._dynamo.reset()
+    gc.collect()
+    fn = torch.compile(model, fullgraph=True, backend=backend)
+    profile = cProfile.Profile()
+    try:
+        profile.enable()
+    except ValueError:  # another profiling tool is active
+        return None
+    try:
+        fn(x)
+    finally:
+        profile.disable()
+    return pstats.Stats(profile).total_calls
+
+
 def _change_a_field(model: torch.nn.Module) -> None:
     for layer in model:
         layer.cfgs[0] = dataclasses.replace(layer.cfgs[0], scale=layer.cfgs[0].scale + 0.25)
@@ -114,6 +139,11 @@ def measure_layers(layers: int, dim: int, batch: int, repeats: int, step_repeats
                     torch.testing.assert_close(out, eager[name], rtol=1e-4, atol=1e-4)
                     rows[name]["inductor_cold_s"].append(seconds)
                     compiled[name] = fn
+            # The same compiles once more, counted rather than timed (one count each: it does not vary).
+            for name in _VARIANTS:
+                print(f"  {layers} layers: traced work of {name} ...", file=sys.stderr, flush=True)
+                for key, backend in (("dynamo_calls", "eager"), ("inductor_cold_calls", "inductor")):
+                    rows[name][key] = [_traced_calls(models[name], x, backend)]
         for r in range(repeats):
             for name in _VARIANTS:
                 with tempfile.TemporaryDirectory(prefix="opforge-bench-cache-") as cache, _warm_caches(cache):
@@ -125,9 +155,10 @@ def measure_layers(layers: int, dim: int, batch: int, repeats: int, step_repeats
         step_us = measure_steps({name: (lambda fn=compiled[name]: fn(x)) for name in _VARIANTS}, step_repeats,
                                 min_time, lambda: None)
     torch._dynamo.reset()
-    out = {name: {k: statistics.median(v) for k, v in r.items()} for name, r in rows.items()}
+    out = {name: {k: (None if None in v else statistics.median(v)) for k, v in r.items()} for name, r in rows.items()}
     for name in _VARIANTS:
         out[name]["step_us"] = step_us[name]
+        out[name]["call_sites"] = 4 * layers
     return out
 
 
@@ -290,6 +321,14 @@ def render(result: dict) -> str:
                                 ("step_us", "step µs", ".1f")):
             lines.append(f"{'  ' + label:28}" + "".join(f"{rows[name][key]:>20{fmt}}" for name in _VARIANTS))
         ours, define, custom = (rows[name] for name in _VARIANTS)
+        for key, label in (("dynamo_calls", "dynamo calls"), ("inductor_cold_calls", "inductor cold calls")):
+            if all(rows[name].get(key) for name in _VARIANTS):
+                lines.append(f"{'  ' + label + ', k':28}" + "".join(f"{rows[name][key] / 1000:>20.1f}"
+                                                                     for name in _VARIANTS))
+                # What one struct-op call site adds over a flat one.
+                sites = ours["call_sites"]
+                lines.append(f"{'    opforge per call site':28}{(ours[key] - define[key]) / sites:>+8.0f} over "
+                             f"define+impl, {(ours[key] - custom[key]) / sites:>+.0f} over custom_op")
         lines += [f"{'  dynamo / custom_op':28}{_verdict(ours['dynamo_s'] / custom['dynamo_s'], 1.0)}",
                   f"{'  cold / define+impl':28}{_verdict(ours['inductor_cold_s'] / define['inductor_cold_s'], 1.0)}",
                   f"{'  warm / custom_op':28}{_verdict(ours['inductor_warm_s'] / custom['inductor_warm_s'], 1.0)}",

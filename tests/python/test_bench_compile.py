@@ -7,6 +7,7 @@ import argparse
 import math
 
 import pytest
+import torch
 from op_testing import torch_build_dir
 
 from opforge import _bench_compile
@@ -60,6 +61,27 @@ def test_the_table_names_each_row_and_budget(result):
     text = _bench_compile.render(result)
     for label in ("registration, ms per op", "dynamo s", "inductor cold s", "inductor warm s", "recompiles",
                   "step µs", "dynamo / custom_op", "cold / define+impl", "warm / custom_op", "step / define+impl",
-                  "4 ops of 3 names"):
+                  "4 ops of 3 names", "dynamo calls, k", "inductor cold calls, k", "opforge per call site"):
         assert label in text, label
     assert text.count("budget <=") == 6
+
+
+def test_traced_work_is_counted_for_every_model_and_a_struct_call_site_stays_near_a_flat_one(result):
+    rows = result["layers"][2]
+    for key in ("dynamo_calls", "inductor_cold_calls"):
+        counts = {name: rows[name][key] for name in _bench_compile._VARIANTS}
+        assert all(isinstance(c, int) and c > 10_000 for c in counts.values()), (key, counts)
+        # Counts, not times: the same on every machine. When Dynamo traced the
+        # struct flatten leaf by leaf, its trace was 2.3-2.7x custom_op's.
+        assert counts["opforge struct op"] <= 1.25 * counts["custom_op (flat)"], (key, counts)
+    assert rows["opforge struct op"]["call_sites"] == 8
+
+
+def test_counting_the_traced_work_twice_gives_the_same_count_to_a_thousandth():
+    models = _bench_compile._bench_compiled.build_models(2, 16)
+    x = torch.randn(2, 16)
+    with torch.no_grad(), _bench_compile._no_compile_caches():
+        _bench_compile._traced_calls(models["opforge struct op"], x, "eager")  # the first compile warms up
+        counts = [_bench_compile._traced_calls(models["opforge struct op"], x, "eager") for _ in range(2)]
+    # (A finalizer the collector runs may add a call or two.)
+    assert abs(counts[0] - counts[1]) <= counts[0] / 1000 and counts[0] > 10_000, counts
