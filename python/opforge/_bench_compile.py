@@ -157,6 +157,8 @@ def measure_layers(layers: int, dim: int, batch: int, repeats: int, step_repeats
     torch._dynamo.reset()
     out = {name: {k: (None if None in v else statistics.median(v)) for k, v in r.items()} for name, r in rows.items()}
     for name in _VARIANTS:
+        # Every repeat as well as the median: how far the compile times move is part of the figure.
+        out[name]["samples"] = {k: v for k, v in rows[name].items() if k.endswith("_s")}
         out[name]["step_us"] = step_us[name]
         out[name]["call_sites"] = 4 * layers
     return out

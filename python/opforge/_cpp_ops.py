@@ -180,9 +180,11 @@ def _install_compile_hook() -> None:
         return
 
     def clear_keeping_opforge() -> None:
-        clear()
-        if _on_compile_start not in callback_handler.start_callbacks:
-            callback_handler.register_start_callback(_on_compile_start)
+        try:
+            clear()
+        finally:  # torch clears the lists before it checks for pending callbacks
+            if _on_compile_start not in callback_handler.start_callbacks:
+                callback_handler.register_start_callback(_on_compile_start)
 
     clear_keeping_opforge._opforge_keeps = True
     try:

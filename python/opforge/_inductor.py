@@ -35,7 +35,8 @@ import torch
 
 from . import _C
 
-__all__ = ["added", "added_again", "call_from_c", "flat_call_name", "loaded", "on_load", "register_flat_call", "remove", "sync"]
+__all__ = ["added", "added_again", "call_from_c", "flat_call_name", "loaded", "on_load", "register_flat_call",
+           "remove", "sync"]
 
 LOWERING_MODULE = "torch._inductor.lowering"
 _PREFIX = "(getattr(extern_kernels, "

@@ -36,6 +36,10 @@ def test_every_model_has_every_row_with_a_positive_figure(result):
             assert math.isfinite(row[key]) and row[key] > 0, (name, key, row)
     reg = result["registration"][1]
     assert all(reg[k] > 0 for k in ("opforge", "custom_op", "define_impl")), reg
+    for name, row in rows.items():  # the repeats behind each median
+        samples = row["samples"]
+        assert set(samples) == {"dynamo_s", "inductor_cold_s", "inductor_warm_s"}, samples
+        assert all(len(v) == 1 and v[0] == row[k] for k, v in samples.items()), (name, samples)
 
 
 def test_the_generated_ops_register_with_each_variant(result):
