@@ -24,7 +24,7 @@ models in turn in every repeat (medians), one intra-op thread:
                    changes (eager backend; the flat models read the same field)
     step           the compiled (Inductor) model's inference step, µs
     traced work    the Python and C function calls (cProfile's count) of one Dynamo
-                   trace and of one cold Inductor compile, per call site: unlike the
+                   trace, one cold and one warm Inductor compile, per call site: unlike the
                    times, the same to a thousandth from run to run and machine to
                    machine (for one torch)
 """
@@ -151,6 +151,10 @@ def measure_layers(layers: int, dim: int, batch: int, repeats: int, step_repeats
                     seconds, _fn, out = _first_call(models[name], x, "inductor")
                 torch.testing.assert_close(out, eager[name], rtol=1e-4, atol=1e-4)
                 rows[name]["inductor_warm_s"].append(seconds)
+        for name in _VARIANTS:
+            with tempfile.TemporaryDirectory(prefix="opforge-bench-cache-") as cache, _warm_caches(cache):
+                _first_call(models[name], x, "inductor")  # fills the cache
+                rows[name]["inductor_warm_calls"] = [_traced_calls(models[name], x, "inductor")]
         print(f"  {layers} layers: compiled steps ...", file=sys.stderr, flush=True)
         step_us = measure_steps({name: (lambda fn=compiled[name]: fn(x)) for name in _VARIANTS}, step_repeats,
                                 min_time, lambda: None)
@@ -323,7 +327,8 @@ def render(result: dict) -> str:
                                 ("step_us", "step µs", ".1f")):
             lines.append(f"{'  ' + label:28}" + "".join(f"{rows[name][key]:>20{fmt}}" for name in _VARIANTS))
         ours, define, custom = (rows[name] for name in _VARIANTS)
-        for key, label in (("dynamo_calls", "dynamo calls"), ("inductor_cold_calls", "inductor cold calls")):
+        for key, label in (("dynamo_calls", "dynamo calls"), ("inductor_cold_calls", "inductor cold calls"),
+                           ("inductor_warm_calls", "inductor warm calls")):
             if all(rows[name].get(key) for name in _VARIANTS):
                 lines.append(f"{'  ' + label + ', k':28}" + "".join(f"{rows[name][key] / 1000:>20.1f}"
                                                                      for name in _VARIANTS))

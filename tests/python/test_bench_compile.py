@@ -65,14 +65,15 @@ def test_the_table_names_each_row_and_budget(result):
     text = _bench_compile.render(result)
     for label in ("registration, ms per op", "dynamo s", "inductor cold s", "inductor warm s", "recompiles",
                   "step µs", "dynamo / custom_op", "cold / define+impl", "warm / custom_op", "step / define+impl",
-                  "4 ops of 3 names", "dynamo calls, k", "inductor cold calls, k", "opforge per call site"):
+                  "4 ops of 3 names", "dynamo calls, k", "inductor cold calls, k", "inductor warm calls, k",
+                  "opforge per call site"):
         assert label in text, label
     assert text.count("budget <=") == 6
 
 
 def test_traced_work_is_counted_for_every_model_and_a_struct_call_site_stays_near_a_flat_one(result):
     rows = result["layers"][2]
-    for key in ("dynamo_calls", "inductor_cold_calls"):
+    for key in ("dynamo_calls", "inductor_cold_calls", "inductor_warm_calls"):
         counts = {name: rows[name][key] for name in _bench_compile._VARIANTS}
         assert all(isinstance(c, int) and c > 10_000 for c in counts.values()), (key, counts)
         # Counts, not times: the same on every machine. When Dynamo traced the
