@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import _C as _torch_C
 
-from . import _C, _ffi, _inductor, _types, handles
+from . import _C, _ffi, _in_graph, _inductor, _types, handles
 from ._codegen import EMPTY, Builder, Leaf, OpCode, Param
 from ._types import Problem, Registrations, Resolver, SignatureError, TypeInfo, Where
 
@@ -47,7 +47,7 @@ class OpDef(_C.OpBase):
     which goes through the dispatcher."""
 
     __slots__ = ("name", "overload", "spec", "model", "boundary", "_state", "_code", "_lib", "_registrations",
-                 "_has_autograd", "_device_kernels", "_triton", "__wrapped__", "__dict__")
+                 "_has_autograd", "_device_kernels", "_triton", "__wrapped__", "__dict__", "__weakref__")
 
     # A C++ op (CppOpDef) takes any object with a struct's fields, and its
     # handles stay ints: C++ runners live in the C++ handle table.
@@ -309,6 +309,8 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             _triton_module().record_forward(name, plan.kernels)
         _REGISTERED[name] = opdef
         _inductor.added(opdef.overload)
+        if plan is None and _one_graph_call(opdef):
+            _in_graph.offer(opdef)
         return opdef
     except BaseException:
         if opdef is not None:
@@ -491,6 +493,16 @@ def assemble(name: str, fn: Callable | None, sig: Signature, model: OpModel, ove
     opdef._bind(boundary, state.fn if devices is None else None, {d: state.fn for d in devices or ()},
                 cls.__call__)
     return opdef
+
+
+def _one_graph_call(opdef: OpDef) -> bool:
+    """Whether Dynamo may record a call of `opdef` as one node of its graph
+    (opforge._in_graph): what it takes and returns Dynamo can hold as they
+    are. A struct return is rebuilt in Python, a handle resolved in Python
+    and a mutated argument tracked by Dynamo: those ops keep their traced
+    `__call__`, as do Triton ops (their traced body is captured there)."""
+    builder = opdef._code._builder
+    return builder.leaf_returns and not builder.any_handles and not any(leaf.mutated for leaf in builder.leaves)
 
 
 def _register_kernels(opdef: OpDef, body: Callable, devices: list[str] | None) -> None:

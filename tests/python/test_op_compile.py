@@ -303,11 +303,22 @@ def test_a_compiled_struct_op_guards_nothing_of_the_ops_own_tables():
     # Dynamo evaluates every guard on every call: what the traced leaf checks
     # read must be literals of the generated code, not globals it guards
     # (its table of leaf kinds cost ~20 guards, 2-3 µs a call, for 4 leaves).
+    # An op defined in a function: its traced __call__ (a module-level one is one node, guarded below).
+    @opforge.op(f"{NS}::struct_traced", fake=lambda x, cfg: torch.empty_like(x))
+    def traced(x: Tensor, cfg: Cfg) -> Tensor:
+        return x * cfg.scale
+
     cfg = Cfg(scale=2.0)
 
     def f(x):
+        return traced(x, cfg)
+
+    def one_node(x):
         return struct(x, cfg)
 
+    # One node: nothing of the generated code is read, so nothing of it is guarded.
+    one = [g.name for g in torch._dynamo.explain(one_node)(torch.randn(3)).out_guards]
+    assert not [n for n in one if "unnamed_scope" in n or "opforge" in n], one
     names = [g.name for g in torch._dynamo.explain(f)(torch.randn(3)).out_guards]
     own = [n for n in names if "unnamed_scope" in n or "opforge" in n]
     # The generated code's scope, its struct class, torch.Tensor (for the test of x), the one test of its

@@ -502,9 +502,15 @@ def test_a_cached_graph_finds_the_call_in_a_fresh_process(tmp_path):
             torch.library.register_fake("cached::ar", fake, lib=lib)
             ar = torch.ops.cached.ar.default
         else:
-            @opforge.op("cached::ar", symm_mem_args=tagged, fake=fake)
-            def ar(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
-                return input * 2
+            # Defined in a function: Dynamo's graph then holds the flat op, as the torch.library
+            # process's does, so that process finds the graph the first one cached. (A top-level
+            # op is one node of Dynamo's graph, opforge._in_graph, and keys a graph of its own.)
+            def define():
+                @opforge.op("cached::ar", symm_mem_args=tagged, fake=fake)
+                def ar(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
+                    return input * 2
+                return ar
+            ar = define()
 
         out = torch.compile(lambda t: ar(t + 1, "sum", "0"), fullgraph=True)(torch.ones(3))
         hits = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]

@@ -33,6 +33,12 @@ namespace {
 
 bool g_enabled = true;
 
+// Called with (op, error) where the boundary refused a call's arguments;
+// it may raise another error in its place (opforge._op: Dynamo's graph
+// break, where Dynamo runs the op on fake tensors). Only the error path
+// reads it.
+PyObject* g_refused_hook = nullptr;
+
 constexpr int kNumDeviceTypes = static_cast<int>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES);
 
 // Tensor functionalities that some dispatch key would act on before the
@@ -275,6 +281,25 @@ PyObject* CallFallback(OpObject* op, PyObject* self, PyObject* const* args, Py_s
   return PyObject_Vectorcall(op->fallback, full.data(), static_cast<size_t>(nargs + 1), kwnames);
 }
 
+// The boundary's error for a refused call, or the hook's in its place.
+PyObject* Refused(PyObject* self) {
+  if (g_refused_hook == nullptr) return nullptr;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (traceback != nullptr && value != nullptr) PyException_SetTraceback(value, traceback);
+  PyObject* kept = PyObject_CallFunctionObjArgs(g_refused_hook, self, value ? value : Py_None, nullptr);
+  if (kept == nullptr) {  // the hook's error replaces the boundary's
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    return nullptr;
+  }
+  Py_DECREF(kept);
+  PyErr_Restore(type, value, traceback);
+  return nullptr;
+}
+
 PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   Boundary* b = op->boundary;
   if (b == nullptr) return CallFallback(op, self, args, nargs, kwnames);
@@ -291,7 +316,7 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
   std::fill(tensors, tensors + nslots, nullptr);
   if (!b->Bind(args, nargs, kwnames, values)) return CallFallback(op, self, args, nargs, kwnames);
   Owned keep;
-  if (!b->ConvertAll(values, out, tensors, keep)) return nullptr;
+  if (!b->ConvertAll(values, out, tensors, keep)) return Refused(self);
   // The converted values, released however the call ends (ConvertAll filled every one).
   struct Release {
     PyObject** items;
@@ -696,6 +721,13 @@ void InitOpObject(py::module_& m) {
   m.add_object("FlatCall", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&FlatCallType)));
   m.def("install_fast_call", &InstallFastCall, py::arg("cls"),
         "Makes eager calls of instances of `cls` (an OpBase subclass) take the C entry.");
+  m.def("set_refused_hook",
+        [](py::object hook) {
+          Py_XSETREF(g_refused_hook, hook.is_none() ? nullptr : Py_NewRef(hook.ptr()));
+        },
+        py::arg("hook"),
+        "hook(op, error), called where an op's boundary refuses a call's arguments; it may raise in the "
+        "error's place. None: no hook.");
   m.def("set_fast_path_enabled", [](bool enabled) { return std::exchange(g_enabled, enabled); }, py::arg("enabled"),
         "Turns the eager fast path on or off for every op; returns the previous setting.");
 }
