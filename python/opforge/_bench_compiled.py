@@ -63,6 +63,11 @@ def define_ops(tag: str) -> dict[str, Callable]:
     define_op = getattr(torch.ops, f"{ns}d").f.default
     define_op._opforge_lib = lib  # the library lives as long as the op is used
 
+    # As a module defines its ops: found by module and name, which puts the op in
+    # Dynamo's graph as one call (docs/performance.md#one-node-in-dynamos-graph).
+    struct_op.__name__ = struct_op.__qualname__ = f"struct_op_{ns}"
+    globals()[struct_op.__name__] = struct_op
+
     custom = torch.library.custom_op(f"{ns}c::f", mutates_args=())(flat)
     custom.register_fake(lambda x, *rest: torch.empty_like(x))
     return {"opforge struct op": struct_op, "define+impl (flat)": define_op, "custom_op (flat)": custom}
