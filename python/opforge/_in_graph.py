@@ -38,7 +38,7 @@ _pending: list[weakref.ref] = []
 _admitted: "weakref.WeakSet" = weakref.WeakSet()
 # "module.qualname" -> cache key, for Inductor's unsafe_marked_cacheable_functions once it is loaded.
 _cacheable: dict[str, str] = {}
-_marked = 0  # how many of _cacheable's entries Inductor's config holds
+_unmarked = False  # whether _cacheable holds what Inductor's config does not yet
 
 
 def offer(opdef) -> None:
@@ -68,32 +68,40 @@ def admit_pending() -> None:
                 continue  # the traced __call__: Dynamo's graph could not be cached
             allow_in_graph(op)
             _admitted.add(op)
-            _cacheable.update(names)
+            _note_cacheable(names)
     _mark_cacheable()
 
 
+def _note_cacheable(names: dict[str, str]) -> None:
+    """`names` for Inductor's config; a name that now holds another op (a
+    module attribute defined again) takes that op's key."""
+    global _unmarked
+    for name, key in names.items():
+        if _cacheable.get(name) != key:
+            _cacheable[name] = key
+            _unmarked = True
+
+
 def _mark_cacheable() -> None:
-    global _marked
+    global _unmarked
     config = sys.modules.get("torch._inductor.config")
-    if config is None or _marked == len(_cacheable):
+    if config is None or not _unmarked:
         return
     marked = getattr(config, "unsafe_marked_cacheable_functions", None)
     if not isinstance(marked, dict):
         return
     # A new dict, as torch's config expects an assignment.
     config.unsafe_marked_cacheable_functions = {**marked, **_cacheable}
-    _marked = len(_cacheable)
+    _unmarked = False
 
 
 def _names(op) -> dict[str, str] | None:
     """"module.qualname" -> cache key of `op` and of every struct class its
     parameters hold, or None where one of them is not found by that name
     (AOTAutograd's cache pickles a graph's callables by reference)."""
-    key = f"opforge op {op.name} {op.schema}"
-    names = {}
     if not _found(op):
         return None
-    names[f"{op.__module__}.{op.__name__}"] = key
+    names = {f"{op.__module__}.{op.__name__}": f"opforge op {op.name} {op.schema}"}
     seen: set = set()
     for p in op._code.params:
         for cls in _struct_classes(p.type, seen):

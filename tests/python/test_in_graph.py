@@ -266,3 +266,27 @@ def test_a_refused_call_outside_compile_raises_the_boundarys_error_unchanged():
     with torch._subclasses.fake_tensor.FakeTensorMode() as mode:
         fake = mode.from_tensor(torch.ones(1))
         assert outcome(scaled, fake, Gain("a")) == (kind, message)
+
+
+def test_a_module_name_defined_again_as_another_op_is_cached_under_the_new_ops_key():
+    # A cache key that stayed the first op's would let a cached graph of it stand for the second.
+    import sys
+
+    import torch._inductor.config as inductor_config
+
+    module = sys.modules[__name__]
+    ops = []
+    for name in ("ofig::again_a", "ofig::again_b"):
+        @opforge.op(name, fake=lambda x, cfg: torch.empty_like(x))
+        def again(x: Tensor, cfg: Gain) -> Tensor:
+            return x * cfg.scale
+
+        again.__qualname__ = "again"
+        module.again = again
+        ops.append(again)
+        torch._dynamo.reset()
+        out = torch.compile(lambda x: module.again(x, Gain(2.0)), backend="eager", fullgraph=True)(torch.ones(1))
+        assert torch.equal(out, torch.full((1,), 2.0)) and _in_graph.admitted(again)
+        key = inductor_config.unsafe_marked_cacheable_functions[f"{__name__}.again"]
+        assert key.startswith(f"opforge op {name} "), key
+    del module.again

@@ -34,8 +34,8 @@ namespace {
 bool g_enabled = true;
 
 // Called with (op, error) where the boundary refused a call's arguments;
-// it may raise another error in its place (opforge._op: Dynamo's graph
-// break, where Dynamo runs the op on fake tensors). Only the error path
+// it may raise another error in its place (opforge._in_graph: Dynamo's
+// graph break, where Dynamo runs the op on fake tensors). Only the error path
 // reads it.
 PyObject* g_refused_hook = nullptr;
 
