@@ -20,14 +20,15 @@ from . import _torch_version
 # resolve against changed structures (docs/versions.md).
 _torch_version.check_installed()
 
-from . import _C, deploy, handles, symm_mem  # noqa: E402
+from . import _C, cuda_graphs, deploy, handles, symm_mem  # noqa: E402
 from ._cpp_ops import ops, structs  # noqa: E402
 from ._libraries import check_library, load_errors, load_library  # noqa: E402
 from ._op import OpDef, op, opcheck  # noqa: E402
 from ._types import HandleAnnotation as _HandleAnnotation  # noqa: E402
 from .symm_mem import arg_tags, symm_mem_args  # noqa: E402
 
-__all__ = ["Handle", "OpDef", "arg_tags", "check_library", "cmake_prefix_path", "deploy", "handles", "load_errors",
+__all__ = ["Handle", "OpDef", "arg_tags", "check_library", "cmake_prefix_path", "cuda_graphs", "deploy", "handles",
+           "load_errors",
            "load_library", "op", "opcheck", "ops", "set_fast_path_enabled", "structs", "symm_mem", "symm_mem_args"]
 
 # For C++ kernel libraries: cmake -DCMAKE_PREFIX_PATH=<this> ... then find_package(opforge).

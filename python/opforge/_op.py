@@ -298,6 +298,9 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
         if plan is not None:
             _install_triton_decomposition(opdef, plan)
         opdef._register_fake_kernel()
+        if torch.Tag.cudagraph_unsafe in tag_list:
+            # Before any launch, a call made while its stream captures goes to a breakable capture or is refused.
+            opdef._registrations["BackendSelect"] = _C.register_capture_guard(name)
         if any(leaf.mutated for leaf in model.leaves):
             # Versions of what the op writes are bumped, as custom_op does.
             opdef._registrations["ADInplaceOrView"] = _C.register_inplace_kernel(name)
@@ -489,6 +492,7 @@ def assemble(name: str, fn: Callable | None, sig: Signature, model: OpModel, ove
         __name__=getattr(fn, "__name__", name.split("::")[1]), __qualname__=getattr(fn, "__qualname__", name),
         __module__=getattr(fn, "__module__", None),
     )
+    opdef._set_capture_guarded(torch.Tag.cudagraph_unsafe in overload.tags)
     # The body for every device, or one per listed device type.
     opdef._bind(boundary, state.fn if devices is None else None, {d: state.fn for d in devices or ()},
                 cls.__call__)

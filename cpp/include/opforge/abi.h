@@ -75,6 +75,10 @@ typedef struct OpforgeFfiKernelV1 {
   const char* symbol; /* as TVM_FFI_DLL_EXPORT_TYPED_FUNC names it (exported as __tvm_ffi_<symbol>) */
 } OpforgeFfiKernelV1;
 
+/* A tag whose text starts with this is one of torch's op tags, given to the
+ * op itself ("torch.cudagraph_unsafe", no names), not to arguments. */
+#define OPFORGE_TORCH_TAG_PREFIX "torch."
+
 /* `.arg_tag(tag, names)` / `.symm_mem_args(names)`. */
 typedef struct OpforgeTagV1 {
   const char* op;

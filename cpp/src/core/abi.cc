@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,8 +71,8 @@ class Commit {
 
   // Undoes what Run did before it failed.
   void Rollback() {
-    for (auto it = ffi_registrations_.rbegin(); it != ffi_registrations_.rend(); ++it) torch_layer_->release(*it);
-    ffi_registrations_.clear();
+    for (auto it = layer_registrations_.rbegin(); it != layer_registrations_.rend(); ++it) torch_layer_->release(*it);
+    layer_registrations_.clear();
     if (registered_ && lib_.backend.rollback) lib_.backend.rollback(lib_.backend.ctx);
     for (const auto& [op, tag] : tagged_) TagRegistry::Global().Set(op, tag, {});
     for (const auto& name : specs_) OpSpecRegistry::Global().Remove(name);
@@ -302,6 +303,13 @@ class Commit {
     registered_ = true;
     for (const auto& lowered : lowered_) {
       const std::string flat = ToDefinableString(lowered.flat);
+      auto tags = op_tags_.find(lowered.flat.name);
+      if (tags != op_tags_.end()) {
+        // The stable ABI's def takes no tags: the torch layer defines a tagged
+        // op in both modes (and guards a cudagraph_unsafe one's captures).
+        layer_registrations_.push_back(Layer(lowered.flat.name, "torch.Tag")->define_tagged(flat, tags->second));
+        continue;
+      }
       CheckBackend(b.def(b.ctx, flat.substr(ns_.size() + 2).c_str()), lowered.flat.name, "schema '" + flat + "'");
     }
     for (size_t i = 0; i < lib_.num_kernels; ++i) {
@@ -321,18 +329,23 @@ class Commit {
         throw Error(ErrorKind::kLookupError, op, Str(k.key) + " kernel", "the op is not defined in this library block.",
                     "Define it with m.def(schema) in the block that gives its TVM-FFI kernel.");
       }
-      if (torch_layer_ == nullptr) {
-        std::string why;
-        torch_layer_ = TorchLayer(&why);
-        if (torch_layer_ == nullptr) {
-          throw Error(ErrorKind::kLookupError, op, Str(k.key) + " kernel",
-                      "its TVM-FFI kernel needs opforge's torch layer: " + why + ".",
-                      "Load libopforge_torch.so (opforge/lib/) before this library, or import opforge.");
-        }
-      }
-      ffi_registrations_.push_back(
-          torch_layer_->register_ffi_kernel(op, Str(k.key), Str(k.module), Str(lib_.dso), Str(k.symbol)));
+      layer_registrations_.push_back(Layer(op, Str(k.key) + " kernel")
+                                         ->register_ffi_kernel(op, Str(k.key), Str(k.module), Str(lib_.dso),
+                                                               Str(k.symbol)));
     }
+  }
+
+  // opforge's torch layer, loaded for `op`'s `what` if nothing has loaded it.
+  const TorchLayerHooks* Layer(const std::string& op, const std::string& what) {
+    if (torch_layer_ == nullptr) {
+      std::string why;
+      torch_layer_ = TorchLayer(&why);
+      if (torch_layer_ == nullptr) {
+        throw Error(ErrorKind::kLookupError, op, what, "it needs opforge's torch layer: " + why + ".",
+                    "Load libopforge_torch.so (opforge/lib/) before this library, or import opforge.");
+      }
+    }
+    return torch_layer_;
   }
 
   // A C++ backward reads its op's lowered spec, so the specs go in first.
@@ -376,6 +389,12 @@ class Commit {
       std::vector<std::string> names;
       for (size_t j = 0; j < t.num_names; ++j) names.push_back(Str(t.names[j]));
       const std::string tag = Str(t.tag);
+      if (tag.rfind(OPFORGE_TORCH_TAG_PREFIX, 0) == 0) {  // an op tag of torch's: .tag("cudagraph_unsafe")
+        auto& tags = op_tags_[op];
+        const std::string name = tag.substr(std::strlen(OPFORGE_TORCH_TAG_PREFIX));
+        if (std::find(tags.begin(), tags.end(), name) == tags.end()) tags.push_back(name);
+        continue;
+      }
       auto args = ResolveTensorArgs(*lowered, names, tag == "symm_mem" ? "symm_mem_args" : tag + " args");
       const auto& flat_args = lowered->flat.arguments;
       if (tag == "symm_mem" && std::none_of(flat_args.begin(), flat_args.end(),
@@ -419,7 +438,8 @@ class Commit {
   std::vector<std::string> specs_;
   std::vector<std::pair<std::string, std::string>> tagged_;
   const TorchLayerHooks* torch_layer_ = nullptr;
-  std::vector<void*> ffi_registrations_;
+  std::vector<void*> layer_registrations_;  // the torch layer's: TVM-FFI kernels, tagged defs
+  std::map<std::string, std::vector<std::string>> op_tags_;  // op -> torch op tags ("cudagraph_unsafe")
   bool registered_ = false;
 };
 

@@ -1,6 +1,7 @@
 // What the core asks of opforge's torch layer (libopforge_torch, built for the
 // running torch) while it commits a library block: registering a kernel that
-// is a TVM-FFI function, the same for both ABI modes. The torch layer sets
+// is a TVM-FFI function, and defining an op that carries torch op tags, the
+// same for both ABI modes. The torch layer sets
 // these when it loads; the core loads it from beside itself when a block
 // needs it and nothing has.
 //
@@ -9,6 +10,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace opforge {
 
@@ -20,6 +22,10 @@ struct TorchLayerHooks {
                                const std::string& library, const std::string& symbol);
   // Undoes a registration.
   void (*release)(void* registration);
+  // Defines `schema` ("mylib::op(Tensor x) -> Tensor") with torch op tags by
+  // name ("cudagraph_unsafe": also the capture guard, docs/cuda_graphs.md);
+  // returns the registration. Throws std::exception naming the op.
+  void* (*define_tagged)(const std::string& schema, const std::vector<std::string>& tags);
 };
 
 void SetTorchLayerHooks(const TorchLayerHooks& hooks);

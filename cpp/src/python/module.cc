@@ -31,6 +31,7 @@ void InitOpObject(py::module_& m);
 void InitAutograd(py::module_& m);
 void InitKernels(py::module_& m);
 void InitFfi(py::module_& m);
+void InitCapture(py::module_& m);
 
 namespace {
 
@@ -360,6 +361,7 @@ PYBIND11_MODULE(_C, m) {
   InitAutograd(m);
   InitKernels(m);
   InitFfi(m);
+  InitCapture(m);
 
   // Python objects in the shared handle table: the payload is a PyObject
   // (a weakref, or the object itself when pinned), typed "py:<name>".

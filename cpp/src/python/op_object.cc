@@ -22,6 +22,7 @@
 
 #include "python/autograd.h"
 #include "python/boundary.h"
+#include "python/capture.h"
 #include "python/ffi.h"
 #include "python/leaf_rule.h"
 #include "torch/autograd_kernels.h"
@@ -163,6 +164,9 @@ struct OpObject {
   // matching slot of `kernels` / `default_kernel`.
   std::array<PyFfiKernel*, kNumDeviceTypes> ffi;
   PyFfiKernel* ffi_default;
+  // A cudagraph_unsafe op: a call made while its CUDA stream captures goes
+  // through the dispatcher, to the op's capture guard (docs/cuda_graphs.md).
+  bool capture_guarded;
 };
 
 // How one eager call runs.
@@ -199,6 +203,7 @@ Route ChooseRoute(OpObject* op, PyObject** tensors, PyObject** kernel, PyFfiKern
   c10::DeviceType device = c10::DeviceType::CPU;
   const int mode = FastPathMode(tensors, b.num_tensor_slots(), &device);
   if (mode < 0) return Route::kDispatcher;
+  if (op->capture_guarded && LeavesCaptureUnderway(tensors, b.num_tensor_slots())) return Route::kDispatcher;
   if (mode == 0) {
     const size_t d = static_cast<size_t>(device);
     *ffi = op->ffi[d] != nullptr ? op->ffi[d] : op->kernels[d] == nullptr ? op->ffi_default : nullptr;
@@ -506,7 +511,14 @@ PyObject* OpSetDispatcherOp(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+PyObject* OpSetCaptureGuarded(PyObject* self, PyObject* flag) {
+  reinterpret_cast<OpObject*>(self)->capture_guarded = PyObject_IsTrue(flag) == 1;
+  Py_RETURN_NONE;
+}
+
 PyMethodDef kOpMethods[] = {
+    {"_set_capture_guarded", OpSetCaptureGuarded, METH_O,
+     "Whether eager calls look for a CUDA graph capture first (a cudagraph_unsafe op)."},
     {"_set_dispatcher_op", OpSetDispatcherOp, METH_VARARGS,
      "_set_dispatcher_op(name, rebuild_output): eager calls go to torch's dispatcher from C (C++ ops)."},
     {"_bind", OpBind, METH_VARARGS, "_bind(boundary, default_kernel, kernels, fallback)"},
@@ -711,6 +723,8 @@ PyTypeObject FlatCallType = [] {
 }();
 
 }  // namespace
+
+void RaiseCppErrorInFlight() { RaiseCppError(); }
 
 void InitOpObject(py::module_& m) {
   if (PyType_Ready(&OpType) < 0) throw py::error_already_set();

@@ -20,6 +20,10 @@ namespace opforge {
 // -1 dispatcher path, 0 run the body, 1 a gradient is needed.
 int FastPathMode(PyObject* const* tensors, size_t n, c10::DeviceType* device);
 
+// Sets the Python error for the C++ exception in flight, as torch.ops
+// raises it (call inside a catch block).
+void RaiseCppErrorInFlight();
+
 // _C.OpBase, _C.FlatCall, _C.install_fast_call, _C.set_fast_path_enabled.
 void InitOpObject(pybind11::module_& m);
 

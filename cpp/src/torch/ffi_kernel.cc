@@ -1,6 +1,7 @@
 // FfiKernel (ffi_kernel.h): an op's flat arguments as TVM-FFI Anys, the
 // call through TVM-FFI's C ABI, its result as the schema's returns.
 #include "torch/ffi_kernel.h"
+#include "torch/capture_guard.h"
 
 #include <ATen/DLConvertor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -548,7 +549,7 @@ void* RegisterFfiKernel(const std::string& op, const std::string& key, const std
 
 void ReleaseFfiKernel(void* registration) { delete static_cast<KernelRegistration*>(registration); }
 
-const bool kHooked = (SetTorchLayerHooks({&RegisterFfiKernel, &ReleaseFfiKernel}), true);
+const bool kHooked = (SetTorchLayerHooks({&RegisterFfiKernel, &ReleaseFfiKernel, &DefineTagged}), true);
 
 }  // namespace detail
 

@@ -40,7 +40,14 @@ std::tuple<Tensor, Tensor> rms_norm_backward_cpu(const Tensor& grad, const Tenso
 // out = act(input[..., :d]) * input[..., d:]
 void act_and_mul_cpu(Tensor& out, const Tensor& input, const ActCfg& cfg);
 
+// out = x * host_scale[0], the scale read on the host at each call (as an
+// attention op reads its host-side metadata): a CUDA graph would keep the
+// value of the capture, so the op is tagged cudagraph_unsafe
+// (docs/cuda_graphs.md). host_scale: one float32 on the CPU.
+void scale_by_host_cpu(Tensor& out, const Tensor& x, const Tensor& host_scale);
+
 #ifdef OPFORGE_WITH_CUDA
+void scale_by_host_cuda(Tensor& out, const Tensor& x, const Tensor& host_scale);
 void rms_norm_cuda(Tensor& out, const Tensor& input, const Tensor& weight, const NormCfg& cfg);
 void fused_add_rms_norm_cuda(Tensor& input, Tensor& residual, const Tensor& weight, const NormCfg& cfg);
 std::tuple<Tensor, Tensor> rms_norm_backward_cuda(const Tensor& grad, const Tensor& input, const Tensor& weight,

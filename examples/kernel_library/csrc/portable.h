@@ -57,6 +57,13 @@ void DispatchFloating(c10::ScalarType dtype, const char* op, Body&& body) {
 }
 
 // Rows and row length of a contiguous tensor seen as [rows, d].
+// The one float32 of a host tensor (a scale, a length) read at call time.
+inline float HostScalar(const Tensor& t, const char* op) {
+  Check(t.is_cpu() && t.scalar_type() == c10::ScalarType::Float && t.numel() == 1, op,
+        "host_scale must be one float32 on the CPU");
+  return *t.const_data_ptr<float>();
+}
+
 inline void RowsOf(const Tensor& t, int64_t& rows, int64_t& d) {
   d = t.size(t.dim() - 1);
   rows = d == 0 ? 0 : t.numel() / d;

@@ -114,6 +114,10 @@ OPFORGE_LIBRARY(kernels, ops) {
   ops.impl("rms_norm_backward", c10::kCPU, &rms_norm_backward_cpu);
   ops.fake("rms_norm_backward", &rms_norm_backward_meta);
 
+  // Reads a host value at each call: a CUDA graph capture must break around it.
+  ops.def("scale_by_host(Tensor! out, Tensor x, Tensor host_scale) -> ()").tag("cudagraph_unsafe");
+  ops.impl("scale_by_host", c10::kCPU, &scale_by_host_cpu);
+
   ops.def("make_scale_table(float[] scales) -> int", &make_scale_table);
   ops.def("scale_rows(Tensor! out, Tensor x, Handle(ScaleTable) table, int[] rows, float? clamp=None) -> ()");
   ops.impl("scale_rows", c10::kCPU, &scale_rows_cpu);
@@ -140,6 +144,7 @@ OPFORGE_LIBRARY(kernels, ops) {
   ops.impl("rms_norm", c10::kCUDA, &rms_norm_cuda);
   ops.impl("fused_add_rms_norm", c10::kCUDA, &fused_add_rms_norm_cuda);
   ops.impl("act_and_mul", c10::kCUDA, &act_and_mul_cuda);
+  ops.impl("scale_by_host", c10::kCUDA, &scale_by_host_cuda);
   ops.impl("rms_norm_backward", c10::kCUDA, &rms_norm_backward_cuda);
 #endif
 }

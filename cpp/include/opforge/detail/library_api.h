@@ -182,6 +182,13 @@ class OpBuilderApi {
     lib_.plan().AddTag(name_, tag, names);
     return *this;
   }
+  // Gives the op one of torch's op tags, spelled as torch.Tag spells it:
+  // .tag("cudagraph_unsafe") says it cannot be captured into a CUDA graph
+  // (docs/cuda_graphs.md). torch.ops.ns.op.default.tags lists it.
+  OpBuilderApi& tag(const std::string& torch_tag) {
+    lib_.plan().AddTag(name_, OPFORGE_TORCH_TAG_PREFIX + torch_tag, {});
+    return *this;
+  }
   // Declares the op's backward, written against the kernel's C++ signature
   // `S` (e.g. `at::Tensor(const at::Tensor&, const Cfg&)`); see
   // opforge/backward.h and docs/cpp_ops.md#autograd-in-c.

@@ -31,6 +31,18 @@ void act_and_mul_cpu(Tensor& out, const Tensor& input, const ActCfg& cfg) {
   });
 }
 
+void scale_by_host_cpu(Tensor& out, const Tensor& x, const Tensor& host_scale) {
+  const float scale = HostScalar(host_scale, "scale_by_host");
+  Check(x.is_contiguous() && out.is_contiguous() && out.numel() == x.numel(), "scale_by_host",
+        "x and out must be contiguous, of one shape");
+  DispatchFloating(x.scalar_type(), "scale_by_host", [&](auto tag) {
+    using scalar_t = decltype(tag);
+    const scalar_t* in = x.const_data_ptr<scalar_t>();
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    for (int64_t i = 0; i < x.numel(); ++i) o[i] = static_cast<scalar_t>(static_cast<float>(in[i]) * scale);
+  });
+}
+
 int64_t make_scale_table(const std::vector<double>& scales) {
   return opforge::RegisterHandle(std::make_shared<ScaleTable>(ScaleTable{scales}));
 }

@@ -1,6 +1,8 @@
 // act(x[..., :d]) * x[..., d:] on CUDA, as vLLM's silu_and_mul / gelu_and_mul.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "../portable.h"
 
 namespace kernels {
@@ -18,7 +20,30 @@ __global__ void ActAndMulKernel(T* out, const T* in, int64_t d, Act act, float l
   }
 }
 
+template <class T>
+__global__ void ScaleKernel(T* out, const T* in, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = static_cast<T>(static_cast<float>(in[i]) * scale);
+  }
+}
+
 }  // namespace
+
+void scale_by_host_cuda(Tensor& out, const Tensor& x, const Tensor& host_scale) {
+  const float scale = HostScalar(host_scale, "scale_by_host");  // the host value of this call
+  Check(x.is_contiguous() && out.is_contiguous() && out.numel() == x.numel(), "scale_by_host",
+        "x and out must be contiguous, of one shape");
+  auto stream = static_cast<cudaStream_t>(CurrentStream(x));
+  DispatchFloating(x.scalar_type(), "scale_by_host", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t n = x.numel();
+    if (n == 0) return;
+    const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 1024));
+    ScaleKernel<T><<<blocks, 256, 0, stream>>>(out.mutable_data_ptr<T>(), x.const_data_ptr<T>(), n, scale);
+  });
+  const cudaError_t err = cudaGetLastError();
+  Check(err == cudaSuccess, "scale_by_host", std::string("CUDA launch failed: ") + cudaGetErrorString(err));
+}
 
 void act_and_mul_cuda(Tensor& out, const Tensor& input, const ActCfg& cfg) {
   int64_t rows, d2;
