@@ -264,6 +264,14 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             devices = _device_list(name, list(ffi_kernels))
             ffi_kernels = dict(zip(devices, ffi_kernels.values()))
         triton = "off"
+    if torch.Tag.cudagraph_unsafe in tag_list:
+        # The op must stay one node for Inductor's graph partition to cut around,
+        # so its Triton launches are not traced into the graph (docs/cuda_graphs.md).
+        if triton == "force" or tuple(extra_triton_kernels):
+            raise ValueError(f"{name}: an op tagged torch.Tag.cudagraph_unsafe stays opaque to Inductor, so its "
+                             f"Triton kernels cannot be traced (triton={triton!r}, extra_triton_kernels). Drop "
+                             f"triton='force' and extra_triton_kernels, or the tag.")
+        triton = "off"
     regs = Registrations()
     lib = None
     opdef = None

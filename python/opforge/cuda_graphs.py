@@ -255,18 +255,18 @@ class BreakableGraph:
         gc.collect()
         torch.cuda.empty_cache()
         self._pool = pool
-        _tls.active = self
-        try:
-            with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream):  # a capture ends on the stream it began on, also after an error
+            _tls.active = self
+            try:
                 self._begin()
                 out = fn(*args, **kwargs)
                 self._end()
-        except BaseException:
-            self._abort()
-            raise
-        finally:
-            _tls.active = None
-            caller.wait_stream(stream)
+            except BaseException:
+                self._abort()
+                raise
+            finally:
+                _tls.active = None
+        caller.wait_stream(stream)
         self._replays = tuple(self._segments)
         self._kept = (args, kwargs)
         self.outputs = out
