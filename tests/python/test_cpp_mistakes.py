@@ -185,3 +185,20 @@ def test_call_of_an_op_that_does_not_exist_names_the_op_and_what_to_check(built,
     assert out[0] == out[1], out
     assert out[0].startswith(f"RuntimeError: mistakes_{mode}::no_such_op: opforge::Call could not call this op"), out
     assert "load the library that defines it before the call." in out[0], out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_op_tag_torch_does_not_have_is_refused_at_load_naming_the_op_and_its_block_defines_nothing(built, mode):
+    out = run(built, mode, f"""
+        errors = [e for e in opforge.load_errors() if "mistakes_tag_{mode}" in e]
+        print(len(errors))
+        print(errors[0])
+        print([hasattr(torch.ops.mistakes_tag_{mode}, n) for n in ("plain", "unsafe", "bad_tag")])
+        print([d for d in torch._C._dispatch_find_dangling_impls() if "mistakes_tag" in d])
+        print(ops.throws(torch.ones(2), 9).tolist())
+    """).splitlines()
+    assert out[0] == "1", out
+    assert (f"mistakes_tag_{mode}::bad_tag: 'not_a_tag' is not an op tag opforge can give a C++ op. Use one of: "
+            "cudagraph_unsafe, needs_fixed_stride_order, flexible_layout, nondeterministic_seeded, "
+            "nondeterministic_bitwise, pt2_compliant_tag. Nothing of this block was registered.") in out[1], out
+    assert out[2:] == ["[False, False, False]", "[]", "[1.0, 1.0]"]

@@ -114,6 +114,44 @@ def test_an_op_writing_two_arguments_writes_both(kernels):
     assert (x._version, res._version) == (versions[0] + 1, versions[1] + 1)
 
 
+def test_a_cudagraph_unsafe_cpp_op_is_tagged_refused_by_a_plain_capture_and_breaks_a_breakable_one(kernels):
+    assert torch.Tag.cudagraph_unsafe in torch.ops.kernels.scale_by_host.default.tags
+    assert torch.Tag.cudagraph_unsafe not in torch.ops.kernels.rms_norm.default.tags
+    out, x, host = torch.zeros(3), torch.arange(3.0), torch.tensor([2.0])
+    kernels.scale_by_host(out, x, host)  # no capture: an ordinary call
+    assert out.tolist() == [0.0, 2.0, 4.0]
+    breaks = []
+
+    def current():
+        return "step"  # the engine's capture under way on this thread
+
+    def add_eager(capture, fn):
+        result = fn()
+        breaks.append(fn)
+        return result
+
+    previous = opforge._C._set_capture_probe(1)  # every device reports a capture under way
+    try:
+        out.zero_()
+        for call in (kernels.scale_by_host, torch.ops.kernels.scale_by_host):
+            with pytest.raises(RuntimeError, match=r"^kernels::scale_by_host: this op is tagged "
+                                                   r"torch.Tag.cudagraph_unsafe .*Nothing was launched"):
+                call(out, x, host)
+        assert out.tolist() == [0.0, 0.0, 0.0]
+        opforge.cuda_graphs.register_capture(current=current, add_eager=add_eager, name="test_kernel_library")
+        try:
+            kernels.scale_by_host(out, x, host)
+        finally:
+            assert opforge.cuda_graphs.unregister_capture(current)
+    finally:
+        opforge._C._set_capture_probe(previous)
+    assert [call.name for call in breaks] == ["kernels::scale_by_host"]
+    assert out.tolist() == [0.0, 2.0, 4.0]
+    host.fill_(-1.0)  # the next step's host value, read by the replayed break
+    breaks[0]()
+    assert out.tolist() == [0.0, -1.0, -2.0]
+
+
 @pytest.mark.parametrize("act", ["kSilu", "kGelu"])
 def test_an_enum_field_picks_the_activation(kernels, act):
     s = opforge.structs.kernels

@@ -1,7 +1,8 @@
 // Mistakes a kernel library can make, each of which once killed the process
 // or passed silently (tests/python/test_cpp_mistakes.py): kernels and
-// backwards that throw what is not a std::exception, and kernels whose C++
-// types are not their schema's. The same source builds in both ABI modes.
+// backwards that throw what is not a std::exception, kernels whose C++
+// types are not their schema's, and an op tag torch does not have. The same
+// source builds in both ABI modes.
 #include <opforge/opforge.h>
 
 #include <new>
@@ -16,11 +17,13 @@
 #define MISTAKES_OPTIONAL_NS mistakes_optional_stable
 #define MISTAKES_ARITY_NS mistakes_arity_stable
 #define MISTAKES_BYTES_NS mistakes_bytes_stable
+#define MISTAKES_TAG_NS mistakes_tag_stable
 #else
 #define MISTAKES_NS mistakes_unstable
 #define MISTAKES_OPTIONAL_NS mistakes_optional_unstable
 #define MISTAKES_ARITY_NS mistakes_arity_unstable
 #define MISTAKES_BYTES_NS mistakes_bytes_unstable
+#define MISTAKES_TAG_NS mistakes_tag_unstable
 #endif
 
 namespace mistakes {
@@ -100,4 +103,11 @@ OPFORGE_LIBRARY(MISTAKES_ARITY_NS, m) {
 // A schema holding a byte that is not UTF-8.
 OPFORGE_LIBRARY(MISTAKES_BYTES_NS, m) {
   m.def("bytes(Tensor x, int n\xff) -> Tensor", &mistakes::TakesOne);
+}
+// An op tag torch does not have, after an untagged and a tagged op: the
+// block is refused and none of its ops stays defined.
+OPFORGE_LIBRARY(MISTAKES_TAG_NS, m) {
+  m.def("plain(Tensor x) -> Tensor", &mistakes::TakesOne);
+  m.def("unsafe(Tensor x) -> Tensor", &mistakes::TakesOne).tag("cudagraph_unsafe");
+  m.def("bad_tag(Tensor x) -> Tensor", &mistakes::TakesOne).tag("not_a_tag");
 }
