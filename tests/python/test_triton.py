@@ -734,3 +734,45 @@ def test_same_code_object_is_analysed_and_compiled_once():
     assert after.code_hits > before.code_hits and after.code_misses == before.code_misses
     assert after.compile_hits > before.compile_hits and after.compile_misses == before.compile_misses
     assert graph_kernels(forward_graph(op, *xy())) == [K.sub_kernel]
+
+
+# --- device mistakes ---------------------------------------------------------
+
+
+def test_a_triton_op_given_cpu_tensors_names_the_op_the_parameter_and_the_device(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+    @opforge.op("triton_test::device_named")
+    def device_named(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        K.add_kernel[(1,)](x, y, out, x.numel(), BLOCK=128)
+        return out
+
+    x = torch.ones(4)
+    launch_error = None
+    try:
+        K.add_kernel[(1,)](x, x, torch.empty_like(x), 4, BLOCK=128)
+    except (RuntimeError, ValueError) as e:
+        launch_error = e
+    if launch_error is None:
+        pytest.skip("Triton launches on CPU tensors here (an interpreter or a CPU backend)")
+    for call in (lambda: device_named(x, x), lambda: torch.ops.triton_test.device_named(x, x)):
+        with pytest.raises(ValueError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith("triton_test::device_named: parameter 'x' is a tensor on cpu")
+        assert "add_kernel" in message and "register_kernel('cpu')" in message
+        assert str(launch_error) in str(info.value.__cause__)
+
+
+def test_an_error_of_a_triton_ops_body_that_is_not_about_devices_is_unchanged():
+    @opforge.op("triton_test::refuses")
+    def refuses(x: torch.Tensor) -> torch.Tensor:
+        if x.numel() > 2:
+            raise ValueError("x is too long for this kernel")
+        out = torch.empty_like(x)
+        K.add_kernel[(1,)](x, x, out, x.numel(), BLOCK=128)
+        return out
+
+    with pytest.raises(ValueError, match="^x is too long for this kernel$"):
+        refuses(torch.ones(4))
