@@ -5,7 +5,7 @@ vLLM's decorator, and as one full CUDA graph of the model with the tagged op
 left out (the floor); what one eager break costs at replay against the op's
 raw kernel call; and the capture's time. GPU only.
 
-    python benchmarks/bench_cuda_graphs.py [--kind cpp|python] [--pairs 21] [--steps 200] [--json FILE]
+    python benchmarks/bench_cuda_graphs.py [--kind cpp|python] [--no-vllm] [--pairs 21] [--steps 200] [--json FILE]
 
 Every layer: affine (Python op), rms_norm (C++ op), tadd (Triton op) and
 one op tagged cudagraph_unsafe that scales by a host value read at each call:
@@ -67,7 +67,7 @@ def pairs(a, b, n, calls):
     return statistics.median(ratios), statistics.median(ta), statistics.median(tb)
 
 
-def vllm_style_op(kind, kernels):
+def vllm_style_op(kind):
     """The tagged kernel as vLLM registers one: an untagged torch.library op
     whose Python kernel has vLLM's decorator."""
     import cuda_graph_models as models
@@ -99,7 +99,7 @@ def measure(kind="cpp", n_pairs=21, steps=200, calls=2000, vllm=True):
     capture = None
     if vllm:
         # vLLM's protocol with the decorated Python kernel.
-        lib, vllm_op = vllm_style_op(kind, model.kernels)
+        lib, vllm_op = vllm_style_op(kind)
         vllm_model = models.Model(kind)
         vllm_model.op = vllm_op
         vllm_model(x)  # warm-up
@@ -150,7 +150,6 @@ def measure(kind="cpp", n_pairs=21, steps=200, calls=2000, vllm=True):
     ours = graph._segments[1]
     theirs = capture.segments[1] if capture is not None else None
     assert type(ours).__name__ == "CapturedCall"
-    args = ours.__class__  # noqa: F841  (the recorded call holds its arguments)
     bx, bout, bhost = torch.randn(8, 256, device="cuda"), torch.empty(8, 256, device="cuda"), torch.tensor([1.5])
     if kind == "cpp":
         raw_op = torch.ops.kernels.scale_by_host.default
