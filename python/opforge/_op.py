@@ -264,14 +264,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             devices = _device_list(name, list(ffi_kernels))
             ffi_kernels = dict(zip(devices, ffi_kernels.values()))
         triton = "off"
-    if torch.Tag.cudagraph_unsafe in tag_list:
-        # The op must stay one node for Inductor's graph partition to cut around,
-        # so its Triton launches are not traced into the graph (docs/cuda_graphs.md).
-        if triton == "force" or tuple(extra_triton_kernels):
-            raise ValueError(f"{name}: an op tagged torch.Tag.cudagraph_unsafe stays opaque to Inductor, so its "
-                             f"Triton kernels cannot be traced (triton={triton!r}, extra_triton_kernels). Drop "
-                             f"triton='force' and extra_triton_kernels, or the tag.")
-        triton = "off"
+    triton = _opaque_if_unsafe(name, triton, extra_triton_kernels, tag_list)
     regs = Registrations()
     lib = None
     opdef = None
@@ -279,7 +272,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
     try:
         extra_triton_kernels, mutates_args = tuple(extra_triton_kernels), tuple(mutates_args)
         plan = _triton_plan(name, fn, triton, extra_triton_kernels, mutates_args)
-        body = fn if plan is None else _device_errors_named(name, plan.eager_body, plan.kernels)
+        body = fn if plan is None else _triton_module().device_errors_named(plan)
         if plan is not None and fake is None:
             fake = plan.traced_body  # as torch.library.triton_op: the traceable body is the fake
         if fake is None and _default_fake is not None:
@@ -565,70 +558,17 @@ def _triton_plan(name: str, fn: Callable, mode: str, extra_kernels, mutates_args
     return module.plan(name, fn, mode=mode, extra_kernels=extra_kernels, mutates_args=mutates_args)
 
 
-# What Triton and torch say when a launch is given tensors on the wrong device.
-_DEVICE_TEXTS = ("cannot be accessed from Triton", "active drivers", "Expected all tensors to be on the same device")
-
-
-def _device_errors_named(name: str, body: Callable, kernels: tuple) -> Callable:
-    """A Triton op's eager body whose device mistakes name the op, the
-    parameters and their devices (docs/cuda_graphs.md); the call itself is
-    unchanged and only the error path looks at the arguments:
-
-        Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)
-        -> ValueError: ns::add: parameter 'x' is a tensor on cpu (and 'y' on cuda:0); its Triton kernels ...
-    """
-
-    @functools.wraps(body)
-    def run(*args, **kwargs):
-        try:
-            return body(*args, **kwargs)
-        except (RuntimeError, ValueError) as e:
-            message = _device_mistake(name, body, kernels, args, kwargs, e)
-            if message is None:
-                raise
-            raise ValueError(message) from e
-
-    return run
-
-
-def _device_mistake(name, body, kernels, args, kwargs, error) -> str | None:
-    if not any(text in str(error) for text in _DEVICE_TEXTS):
-        return None
-    try:
-        bound = inspect.signature(body).bind(*args, **kwargs)
-    except TypeError:
-        return None
-    placed: list[tuple[str, torch.device]] = []
-
-    def walk(path, value, depth):
-        if isinstance(value, torch.Tensor):
-            placed.append((path, value.device))
-        elif isinstance(value, (list, tuple)) and depth < 2:
-            for i, item in enumerate(value):
-                walk(f"{path}[{i}]", item, depth + 1)
-        elif hasattr(value, "__dataclass_fields__") and depth < 4:
-            for field in value.__dataclass_fields__:
-                walk(f"{path}.{field}", getattr(value, field, None), depth + 1)
-
-    for pname, value in bound.arguments.items():
-        walk(pname, value, 0)
-    host = [(p, d) for p, d in placed if d.type == "cpu"]
-    accel = [(p, d) for p, d in placed if d.type not in ("cpu", "meta")]
-    names = ", ".join(getattr(k, "__name__", None) or getattr(getattr(k, "fn", None), "__name__", "?")
-                      for k in kernels) or "found at run time"
-    if host:
-        where = f"parameter '{host[0][0]}' is a tensor on cpu"
-        if accel:
-            where += f" and '{accel[0][0]}' one on {accel[0][1]}"
-        return (f"{name}: {where}, but the op's body launches Triton kernels ({names}), which take tensors on a "
-                f"GPU. Move '{host[0][0]}' to the GPU, or give the op a CPU kernel with "
-                f"@{name.split('::')[1]}.register_kernel('cpu').")
-    devices = {d for _, d in accel}
-    if len(devices) > 1:
-        first, other = accel[0], next(a for a in accel if a[1] != accel[0][1])
-        return (f"{name}: parameter '{first[0]}' is on {first[1]} and '{other[0]}' on {other[1]}; the op's "
-                f"Triton kernels ({names}) take every tensor on one device. Move them to one device.")
-    return None
+def _opaque_if_unsafe(name: str, mode: str, extra_kernels, tags: list) -> str:
+    """The op's Triton mode: 'off' for a cudagraph_unsafe op, which must stay
+    one node for Inductor's graph partition to cut around, so its Triton
+    launches are not traced into the graph (docs/cuda_graphs.md)."""
+    if torch.Tag.cudagraph_unsafe not in tags:
+        return mode
+    if mode == "force" or tuple(extra_kernels):
+        raise ValueError(f"{name}: an op tagged torch.Tag.cudagraph_unsafe stays opaque to Inductor, so its "
+                         f"Triton kernels cannot be traced (triton={mode!r}, extra_triton_kernels). Drop "
+                         f"triton='force' and extra_triton_kernels, or the tag.")
+    return "off"
 
 
 def _triton_autograd(opdef: "OpDef", backward: Callable, setup_context: Callable | None) -> tuple:

@@ -184,19 +184,6 @@ def _on_break(name: str, call) -> bool | None:
 _C.set_capture_break(_on_break)
 
 
-def _tensors(tree) -> list:
-    out = []
-    if isinstance(tree, torch.Tensor):
-        out.append(tree)
-    elif isinstance(tree, (list, tuple)):
-        for item in tree:
-            out.extend(_tensors(item))
-    elif isinstance(tree, dict):
-        for item in tree.values():
-            out.extend(_tensors(item))
-    return out
-
-
 class BreakableGraph:
     """One stream capture of a callable, cut into CUDA graph segments where a
     cudagraph_unsafe op runs eagerly; replay runs the segments and the eager

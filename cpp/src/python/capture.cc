@@ -208,27 +208,20 @@ bool Break(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit:
 }  // namespace
 
 bool LeavesCaptureUnderway(PyObject* const* tensors, size_t n) {
-  const bool any_device = CaptureProbeForTesting() >= 0;
+  // The first tensor that decides, as the guard finds it among the flat arguments.
+  auto deciding = [](PyObject* item) -> const at::Tensor* {
+    if (!THPVariable_Check(item)) return nullptr;
+    const at::Tensor& t = THPVariable_Unpack(item);
+    return DecidesCapture(t) ? &t : nullptr;
+  };
   for (size_t i = 0; i < n; ++i) {
     PyObject* obj = tensors[i];
     if (obj == nullptr || obj == Py_None) continue;
-    auto decide = [&](PyObject* item, bool& done) {
-      if (!THPVariable_Check(item)) return false;
-      const at::Tensor& t = THPVariable_Unpack(item);
-      if (!t.defined() || !(t.is_cuda() || any_device)) return false;
-      done = true;
-      return CaptureUnderway(t.device());
-    };
-    bool done = false;
-    if (PyList_Check(obj) || PyTuple_Check(obj)) {
-      const Py_ssize_t m = PySequence_Fast_GET_SIZE(obj);
-      for (Py_ssize_t j = 0; j < m && !done; ++j) {
-        const bool under = decide(PySequence_Fast_ITEMS(obj)[j], done);
-        if (done) return under;
-      }
-    } else {
-      const bool under = decide(obj, done);
-      if (done) return under;
+    const bool sequence = PyList_Check(obj) || PyTuple_Check(obj);
+    const Py_ssize_t m = sequence ? PySequence_Fast_GET_SIZE(obj) : 1;
+    PyObject* const* items = sequence ? PySequence_Fast_ITEMS(obj) : &obj;
+    for (Py_ssize_t j = 0; j < m; ++j) {
+      if (const at::Tensor* t = deciding(items[j])) return CaptureUnderway(t->device());
     }
   }
   return false;

@@ -61,6 +61,8 @@ void CaptureGuard(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::
   op.redispatchBoxed(below, stack);
 }
 
+torch::CppFunction GuardKernel() { return torch::CppFunction::makeFromBoxedFunction<&CaptureGuard>(); }
+
 }  // namespace
 
 bool CaptureUnderway(c10::Device device) {
@@ -78,23 +80,25 @@ bool CaptureUnderway(c10::Device device) {
   return result == 0 && status != 0;  // ACTIVE or INVALIDATED
 }
 
+bool DecidesCapture(const at::Tensor& t) {
+  if (!t.defined()) return false;
+  if (t.is_cuda()) return true;
+  return g_probe.load(std::memory_order_relaxed) >= 0 && t.device().type() != c10::DeviceType::Meta;
+}
+
 std::optional<c10::Device> CaptureDevice(const torch::jit::Stack& stack, size_t num_args) {
-  const bool any_device = g_probe.load(std::memory_order_relaxed) >= 0;
-  auto fits = [&](const at::Tensor& t) {
-    return t.defined() && (t.is_cuda() || (any_device && t.device().type() != c10::DeviceType::Meta));
-  };
   const size_t first = stack.size() - std::min(num_args, stack.size());
   for (size_t i = first; i < stack.size(); ++i) {
     const c10::IValue& v = stack[i];
     if (v.isTensor()) {
-      if (fits(v.toTensor())) return v.toTensor().device();
+      if (DecidesCapture(v.toTensor())) return v.toTensor().device();
     } else if (v.isTensorList()) {
       for (const at::Tensor& t : v.toTensorList().vec()) {
-        if (fits(t)) return t.device();
+        if (DecidesCapture(t)) return t.device();
       }
     } else if (v.isList()) {
       for (const c10::IValue& item : v.toListRef()) {
-        if (item.isTensor() && fits(item.toTensor())) return item.toTensor().device();
+        if (item.isTensor() && DecidesCapture(item.toTensor())) return item.toTensor().device();
       }
     }
   }
@@ -117,8 +121,7 @@ std::string PlainCaptureMessage(const std::string& op) {
 }
 
 std::unique_ptr<KernelRegistration> RegisterCaptureGuard(const std::string& qualname) {
-  return RegisterBoxed(qualname, {c10::DispatchKey::BackendSelect},
-                       [] { return torch::CppFunction::makeFromBoxedFunction<&CaptureGuard>(); });
+  return RegisterBoxed(qualname, {c10::DispatchKey::BackendSelect}, &GuardKernel);
 }
 
 void* DefineTagged(const std::string& schema, const std::vector<std::string>& tags) {
@@ -150,8 +153,7 @@ void* DefineTagged(const std::string& schema, const std::vector<std::string>& ta
                                               __FILE__, __LINE__);
   lib->def(schema.substr(sep + 2).c_str(), std::as_const(torch_tags));
   if (guarded) {
-    lib->impl(op.substr(sep + 2).c_str(), torch::dispatch(c10::DispatchKey::BackendSelect,
-                                                          torch::CppFunction::makeFromBoxedFunction<&CaptureGuard>()));
+    lib->impl(op.substr(sep + 2).c_str(), torch::dispatch(c10::DispatchKey::BackendSelect, GuardKernel()));
   }
   return new KernelRegistration(std::move(lib));
 }

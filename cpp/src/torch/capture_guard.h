@@ -24,8 +24,12 @@ namespace opforge {
 // other devices: false (unless a test set the probe).
 bool CaptureUnderway(c10::Device device);
 
+// Whether `t`'s device decides if a call is captured: a CUDA tensor (or,
+// with the test probe set, any tensor but a meta one).
+bool DecidesCapture(const at::Tensor& t);
+
 // The device whose capture decides for a call's flat arguments (the last
-// `num_args` of `stack`): the first CUDA tensor's, or none.
+// `num_args` of `stack`): the first tensor's that DecidesCapture, or none.
 std::optional<c10::Device> CaptureDevice(const torch::jit::Stack& stack, size_t num_args);
 
 // For tests on machines without a GPU: 1 makes every device answer "a
