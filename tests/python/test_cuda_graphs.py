@@ -421,6 +421,16 @@ def test_replay_of_a_break_whose_returned_list_changes_length_raises_naming_the_
         capture.replay()
 
 
+def test_a_recorded_break_takes_no_arguments(probe, engine):
+    x = torch.arange(3.0)
+    with StepCapture() as capture:
+        doubled(x)
+    (call,) = capture.breaks
+    for args, kwargs in (((x,), {}), ((), {"x": x})):
+        with pytest.raises(TypeError, match="^a CapturedCall takes no arguments$"):
+            call(*args, **kwargs)
+
+
 def test_a_struct_parameter_and_a_struct_return_break_and_replay_into_the_structs_tensors(probe, engine):
     x = torch.arange(2.0)
     with StepCapture() as capture:
