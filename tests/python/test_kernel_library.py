@@ -152,6 +152,36 @@ def test_a_cudagraph_unsafe_cpp_op_is_tagged_refused_by_a_plain_capture_and_brea
     assert out.tolist() == [0.0, -1.0, -2.0]
 
 
+def test_a_cpp_kernel_that_throws_in_a_break_or_its_replay_raises_its_error_and_the_engine_goes_on(kernels):
+    breaks = []
+
+    def current():
+        return "step"
+
+    def add_eager(capture, fn):
+        try:
+            return fn()
+        finally:
+            breaks.append(fn)
+
+    out, x = torch.zeros(3), torch.ones(3)
+    good, wrong = torch.tensor([2.0]), torch.tensor([2.0], dtype=torch.float64)
+    opforge.cuda_graphs.register_capture(current=current, add_eager=add_eager, name="throws")
+    previous = opforge._C._set_capture_probe(1)
+    try:
+        with pytest.raises(RuntimeError, match="^scale_by_host: host_scale must be one float32 on the CPU"):
+            kernels.scale_by_host(out, x, wrong)  # the kernel throws while it runs as a break
+        kernels.scale_by_host(out, x, good)
+    finally:
+        opforge._C._set_capture_probe(previous)
+        assert opforge.cuda_graphs.unregister_capture(current)
+    assert out.tolist() == [2.0, 2.0, 2.0]
+    good.data = wrong  # the static argument changes under the recorded break
+    with pytest.raises(RuntimeError, match="^scale_by_host: host_scale must be one float32 on the CPU"):
+        breaks[1]()
+    assert out.tolist() == [2.0, 2.0, 2.0]
+
+
 @pytest.mark.parametrize("act", ["kSilu", "kGelu"])
 def test_an_enum_field_picks_the_activation(kernels, act):
     s = opforge.structs.kernels
