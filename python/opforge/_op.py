@@ -272,7 +272,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
     try:
         extra_triton_kernels, mutates_args = tuple(extra_triton_kernels), tuple(mutates_args)
         plan = _triton_plan(name, fn, triton, extra_triton_kernels, mutates_args)
-        body = fn if plan is None else _triton_module().device_errors_named(plan)
+        body = fn if plan is None else plan.eager_body
         if plan is not None and fake is None:
             fake = plan.traced_body  # as torch.library.triton_op: the traceable body is the fake
         if fake is None and _default_fake is not None:
@@ -298,6 +298,7 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
             _install_ffi_kernels(opdef, ffi_kernels)
         if plan is not None:
             _install_triton_decomposition(opdef, plan)
+            opdef.boundary.set_kernel_error_hook(_triton_module().device_error_hook(plan))
         opdef._register_fake_kernel()
         if torch.Tag.cudagraph_unsafe in tag_list:
             # Before any launch, a call made while its stream captures goes to a breakable capture or is refused.

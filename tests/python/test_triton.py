@@ -742,7 +742,7 @@ def test_same_code_object_is_analysed_and_compiled_once():
 def test_a_triton_op_given_cpu_tensors_names_the_op_the_parameter_and_the_device(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
-    @opforge.op("triton_test::device_named")
+    @opforge.op("triton_test::device_named", backward=lambda ctx, g: (g, g))
     def device_named(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
         K.add_kernel[(1,)](x, y, out, x.numel(), BLOCK=128)
@@ -756,7 +756,10 @@ def test_a_triton_op_given_cpu_tensors_names_the_op_the_parameter_and_the_device
         launch_error = e
     if launch_error is None:
         pytest.skip("Triton launches on CPU tensors here (an interpreter or a CPU backend)")
-    for call in (lambda: device_named(x, x), lambda: torch.ops.triton_test.device_named(x, x)):
+    grad = torch.ones(4, requires_grad=True)
+    # The body directly, through the dispatcher, and recording the op's graph node.
+    for call in (lambda: device_named(x, x), lambda: torch.ops.triton_test.device_named(x, x),
+                 lambda: device_named(grad, x)):
         with pytest.raises(ValueError) as info:
             call()
         message = str(info.value)

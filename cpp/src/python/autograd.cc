@@ -626,7 +626,7 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
         BelowAutograd below(bridge.mutates());
         result = PyObject_Vectorcall(kernel, args, boundary.num_positional(), boundary.body_kwnames());
       }
-      if (result == nullptr) return nullptr;
+      if (result == nullptr) return boundary.KernelFailed(args);
       out = owned.Add(boundary.CheckReturn(result, {tensors, boundary.num_tensor_slots(), {}}));
       Py_DECREF(result);
       if (out == nullptr) return nullptr;

@@ -848,6 +848,46 @@ void Boundary::CheckDefaults() {
   }
 }
 
+PyObject* Boundary::KernelFailed(PyObject* const* args) const {
+  if (!kernel_error_hook_ || kernel_error_hook_.is_none()) return nullptr;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (traceback != nullptr && value != nullptr) PyException_SetTraceback(value, traceback);
+  const Py_ssize_t npos = static_cast<Py_ssize_t>(num_positional_);
+  PyObject* positional = PyTuple_New(npos);
+  PyObject* keywords = PyDict_New();
+  PyObject* replacement = nullptr;
+  if (positional != nullptr && keywords != nullptr) {
+    for (Py_ssize_t i = 0; i < npos; ++i) PyTuple_SET_ITEM(positional, i, Py_NewRef(args[i]));
+    PyObject* names = body_kwnames_.ptr();
+    const Py_ssize_t nkw = names != nullptr ? PyTuple_GET_SIZE(names) : 0;
+    bool ok = true;
+    for (Py_ssize_t i = 0; i < nkw && ok; ++i) {
+      ok = PyDict_SetItem(keywords, PyTuple_GET_ITEM(names, i), args[npos + i]) == 0;
+    }
+    if (ok) {
+      replacement = PyObject_CallFunctionObjArgs(kernel_error_hook_.ptr(), value ? value : Py_None, positional,
+                                                 keywords, nullptr);
+    }
+  }
+  Py_XDECREF(positional);
+  Py_XDECREF(keywords);
+  if (replacement == nullptr || replacement == Py_None || !PyExceptionInstance_Check(replacement)) {
+    // No other error to raise (or the hook failed): the body's stands.
+    Py_XDECREF(replacement);
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+    return nullptr;
+  }
+  if (value != nullptr) PyException_SetCause(replacement, value);  // steals `value`
+  Py_XDECREF(type);
+  Py_XDECREF(traceback);
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(replacement)), replacement);
+  Py_DECREF(replacement);
+  return nullptr;
+}
+
 void InitBoundary(py::module_& m) {
   py::class_<Boundary, std::shared_ptr<Boundary>>(m, "Boundary")
       .def(py::init([](const std::string& op, const LoweredOp& lowered, const std::string& definable_schema,
@@ -878,6 +918,9 @@ void InitBoundary(py::module_& m) {
       .def("flat_defaults", &Boundary::FlatDefaults,
            "Per flat argument: None, or a 1-tuple with the default a Python kernel receives for it.")
       .def("check_defaults", &Boundary::CheckDefaults, "Raises if a parameter's default does not convert to its type.")
+      .def("set_kernel_error_hook", &Boundary::SetKernelErrorHook, py::arg("hook"),
+           "hook(error, args, kwargs), called where the body failed: an exception to raise instead (its "
+           "__cause__ the body's error), or None to keep the body's.")
       .def_property_readonly("num_tensor_slots", &Boundary::num_tensor_slots)
       .def_property_readonly("mutated_slots", &Boundary::mutated_slots);
 }

@@ -113,6 +113,14 @@ class Boundary {
   size_t num_tensor_slots() const { return num_tensor_slots_; }
   PyObject* body_kwnames() const { return body_kwnames_.ptr(); }  // may be null
 
+  // Called where a call of the op's body (original arguments `args`, as the
+  // body gets them) failed with the Python error set: the hook a kernel kind
+  // set (`set_kernel_error_hook`, e.g. a Triton op naming a tensor on the
+  // wrong device) may raise another error from it. Returns nullptr. Only the
+  // error path reads it.
+  PyObject* KernelFailed(PyObject* const* args) const;
+  void SetKernelErrorHook(pybind11::object hook) { kernel_error_hook_ = std::move(hook); }
+
   // Binds a vectorcall to the parameters (borrowed references in `out`,
   // defaults filled in). False when Python's own binding would raise; the
   // caller then lets Python raise its message.
@@ -226,6 +234,7 @@ class Boundary {
   size_t num_tensor_slots_ = 0;
   std::vector<int> mutated_slots_;
   pybind11::object body_kwnames_;
+  pybind11::object kernel_error_hook_;  // hook(error, args, kwargs) -> an error to raise instead, or None
   pybind11::object handle_check_;
   pybind11::object handle_for_;  // opforge.handles.handle_for, loaded when a handle is first flattened
   pybind11::object resolve_;     // opforge.handles.resolve, loaded when a handle is first rebuilt

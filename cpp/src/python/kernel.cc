@@ -200,7 +200,7 @@ PyObject* OpKernel::Call(c10::ArrayRef<c10::IValue> args) {
     originals[p] = value;
   }
   PyObject* result = PyObject_Vectorcall(fn_, originals.data(), boundary_->num_positional(), boundary_->body_kwnames());
-  if (result == nullptr) return nullptr;
+  if (result == nullptr) return boundary_->KernelFailed(originals.data());
   PyObject* checked = boundary_->CheckReturn(result, {nullptr, 0, args});
   Py_DECREF(result);
   return checked;

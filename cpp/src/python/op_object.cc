@@ -345,7 +345,7 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
         BelowAutograd guard(!b->mutated_slots().empty());
         result = PyObject_Vectorcall(kernel, out, b->num_positional(), b->body_kwnames());
       }
-      if (result == nullptr) return nullptr;
+      if (result == nullptr) return b->KernelFailed(out);
       PyObject* checked = b->CheckReturn(result, {tensors, nslots, {}});
       Py_DECREF(result);
       return checked;

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import _kernels, _ops, _rewrite, _scan, _source, _trace
-from ._devices import device_errors_named  # noqa: F401 - for _op
+from ._devices import device_error_hook  # noqa: F401 - for _op
 from ._ops import KernelList, forget, kernels_of, record_forward  # noqa: F401 - forget, record_forward: for _op
 from ._trace import HostCodeError, UndeclaredWriteError, UndeclaredWriteWarning
 

@@ -1,6 +1,7 @@
 """A Triton op's device mistakes in the op's terms (docs/triton.md): the
-launch's own error, read only on the error path, comes back naming the op,
-the parameter and the devices.
+launch's own error comes back naming the op, the parameter and the devices.
+The op's boundary calls the hook only where the body failed, so a call that
+succeeds costs nothing more.
 
     Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)
     -> ValueError: ns::add: parameter 'x' is a tensor on cpu, but the op's body launches Triton kernels (add_kernel), ...
@@ -8,7 +9,6 @@ the parameter and the devices.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Callable
 
@@ -20,21 +20,15 @@ from . import _kernels
 _DEVICE_TEXTS = ("cannot be accessed from Triton", "active drivers", "Expected all tensors to be on the same device")
 
 
-def device_errors_named(plan) -> Callable:
-    """`plan.eager_body`, unchanged on every call that succeeds."""
-    body = plan.eager_body
+def device_error_hook(plan) -> Callable:
+    """The op boundary's kernel-error hook for `plan`'s op: called only where
+    its body failed, it gives the error to raise instead, or None."""
 
-    @functools.wraps(body)
-    def run(*args, **kwargs):
-        try:
-            return body(*args, **kwargs)
-        except (RuntimeError, ValueError) as e:
-            message = _device_mistake(plan, args, kwargs, e)
-            if message is None:
-                raise
-            raise ValueError(message) from e
+    def hook(error: BaseException, args: tuple, kwargs: dict):
+        message = _device_mistake(plan, args, kwargs, error)
+        return None if message is None else ValueError(message)
 
-    return run
+    return hook
 
 
 def _placed(body: Callable, args: tuple, kwargs: dict) -> list[tuple[str, torch.device]] | None:
