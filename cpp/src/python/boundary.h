@@ -234,7 +234,6 @@ class Boundary {
   size_t num_tensor_slots_ = 0;
   std::vector<int> mutated_slots_;
   pybind11::object body_kwnames_;
-  pybind11::object kernel_error_hook_;  // hook(error, args, kwargs) -> an error to raise instead, or None
   pybind11::object handle_check_;
   pybind11::object handle_for_;  // opforge.handles.handle_for, loaded when a handle is first flattened
   pybind11::object resolve_;     // opforge.handles.resolve, loaded when a handle is first rebuilt
@@ -245,6 +244,8 @@ class Boundary {
   c10::FunctionSchema flat_;
   std::vector<LeafRule> argument_rules_;  // per flat argument
   std::vector<LeafRule> return_rules_;    // per flat return
+  // Read on the error path only, so kept after what every call reads.
+  pybind11::object kernel_error_hook_;  // hook(error, args, kwargs) -> an error to raise instead, or None
 };
 
 // _C.Boundary.
