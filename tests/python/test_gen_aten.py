@@ -25,6 +25,7 @@ SUBSET = [
     "abs", "add_", "addmm", "max", "sort", "split_copy", "linalg_lu_factor", "nll_loss", "bernoulli",
     "arange", "clamp", "index", "where", "rand", "scatter", "scatter_reduce", "range", "eq", "cumsum",
     "upsample_nearest2d", "avg_pool2d_backward", "linalg_svd", "empty", "cudnn_convolution",
+    "nonzero [cudagraph_unsafe]",  # a data-dependent op: an eager break of a breakable capture
 ]
 
 
@@ -191,6 +192,82 @@ def test_the_metadata_lists_every_op_its_target_and_the_test_counts(generated):
     assert "nondeterministic_seeded" in ops["bernoulli"]["tags"]
     assert data["tests"]["cases"] == generated.cases
     assert data["library"] == os.path.join("build", f"lib{NAMESPACE}_ops.so")
+
+
+def test_a_tagged_allowlist_entry_defines_its_ops_with_the_tag_and_only_those(generated, ops):
+    assert torch.Tag.cudagraph_unsafe in ops.nonzero.default.tags
+    assert torch.Tag.cudagraph_unsafe not in ops.abs.default.tags
+    assert [op.tags for op in generated.selection.ops if op.base == "nonzero"] == [("cudagraph_unsafe",)]
+    with open(os.path.join(generated.out_dir, f"{NAMESPACE}_ops.json")) as f:
+        data = {op["name"]: op for op in json.load(f)["ops"]}
+    assert data["nonzero"]["op_tags"] == ["cudagraph_unsafe"] and data["abs"]["op_tags"] == []
+
+
+class OneStepCapture:
+    """A breakable capture with vLLM's protocol, on the CPU (the graph
+    segments are empty): add_eager(fn) runs fn and records it; replay() runs
+    the recorded breaks."""
+
+    active = None
+
+    def __init__(self):
+        self._capturing, self.breaks = True, []
+
+    @classmethod
+    def current(cls):
+        return cls.active
+
+    def add_eager(self, fn):
+        self._capturing = False
+        try:
+            result = fn()
+            self.breaks.append(fn)
+            return result
+        finally:
+            self._capturing = True
+
+
+@pytest.fixture
+def capture_probe():
+    """Every device reports a capture under way (opforge's test probe)."""
+    from opforge import _C
+
+    previous = _C._set_capture_probe(1)
+    try:
+        yield
+    finally:
+        _C._set_capture_probe(previous)
+
+
+def test_a_tagged_generated_op_in_a_plain_capture_is_refused_naming_it_before_it_runs(ops, capture_probe):
+    x, out = torch.tensor([0.0, 2.0, 0.0, 3.0]), torch.full((2, 1), -1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match=f"{NAMESPACE}::nonzero: this op is tagged torch.Tag.cudagraph_unsafe"):
+        ops.nonzero(x, out=out)
+    assert out.tolist() == [[-1], [-1]]
+    assert torch.equal(ops.abs(x, out=torch.empty(4)), x.abs())  # untagged: an ordinary call
+
+
+def test_a_tagged_generated_op_breaks_in_an_engines_capture_and_replay_recomputes(ops, capture_probe):
+    from opforge import cuda_graphs
+
+    cuda_graphs.register_capture(OneStepCapture)
+    capture = OneStepCapture()
+    x, out = torch.tensor([0.0, 2.0, 0.0, 3.0]), torch.empty(2, 1, dtype=torch.long)
+    try:
+        OneStepCapture.active = capture
+        result = ops.nonzero(x, out=out)
+    finally:
+        OneStepCapture.active = None
+        cuda_graphs.unregister_capture(OneStepCapture)
+    assert result is out and out.tolist() == [[1], [3]]
+    assert len(capture.breaks) == 1 and capture.breaks[0].name == f"{NAMESPACE}::nonzero"
+    x.copy_(torch.tensor([5.0, 0.0, 0.0, 1.0]))
+    capture.breaks[0]()  # the replay, past the guard though the probe still says "capturing"
+    assert out.tolist() == [[0], [3]]
+    x.copy_(torch.tensor([5.0, 1.0, 1.0, 1.0]))  # four nonzeros: nonzero.out resizes `out`
+    with pytest.raises(RuntimeError, match=f"{NAMESPACE}::nonzero: return 0 is the captured tensor, but the kernel "
+                                           r"resized it at replay \(to \[4, 1\], captured as \[2, 1\]\)"):
+        capture.breaks[0]()
 
 
 def test_identical_regeneration_writes_nothing_and_compiles_nothing(generated):

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from opforge.gen import _aten
+from opforge.gen import _aten, _cpp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ALLOWLIST = os.path.join(ROOT, "examples", "codegen", "aten_allowlist.txt")
@@ -180,3 +180,44 @@ def test_an_allowlist_with_nothing_to_generate_is_an_error(tmp_path):
     assert str(info.value).startswith(
         "no allowlisted name can be generated (not_an_op: torch ")
     assert os.listdir(tmp_path) == []
+
+
+def test_allowlist_entries_may_name_op_tags_in_brackets():
+    lines = ["nonzero [cudagraph_unsafe]  # syncs", "abs", "bernoulli [nondeterministic_seeded, pt2_compliant_tag]"]
+    assert _aten.parse_allowlist(lines) == ["nonzero", "abs", "bernoulli"]
+    assert _aten.allowlist_tags(lines) == {"nonzero": ("cudagraph_unsafe",),
+                                           "bernoulli": ("nondeterministic_seeded", "pt2_compliant_tag")}
+    sel = _aten.select(["nonzero", "abs"], "myaten", tags=_aten.allowlist_tags(lines))
+    assert {op.name: op.tags for op in sel.ops} == {"nonzero": ("cudagraph_unsafe",), "abs": ()}
+
+
+def test_the_table_row_of_a_tagged_op_carries_its_tags_and_an_untagged_row_is_unchanged():
+    sel = _aten.select(["nonzero", "abs"], "myaten", tags={"nonzero": ("cudagraph_unsafe",)})
+    text = _cpp.table_source(sel)
+    assert '"aten::nonzero.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)", "cudagraph_unsafe"},' in text
+    assert '"aten::abs.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)"},' in text
+
+
+@pytest.mark.parametrize("line, message", [
+    ("nonzero [cuda_graph_unsafe]", "list.txt:1: 'cuda_graph_unsafe' is not an op tag a generated op can carry; "
+                                    "use one of: cudagraph_unsafe, "),
+    ("nonzero [cudagraph_unsafe", "list.txt:1: 'nonzero [cudagraph_unsafe': write the tags after the name in one "
+                                  "pair of brackets"),
+    ("nonzero ] [cudagraph_unsafe]", "list.txt:1: .* one pair of brackets"),
+])
+def test_a_bad_tag_entry_is_an_error_naming_the_line_and_the_fix(line, message):
+    with pytest.raises(_aten.GenError, match=message.replace("[", r"\[")):
+        _aten.parse_allowlist([line], origin="list.txt")
+
+
+def test_tags_given_to_generate_aten_must_name_allowlisted_bases_and_known_tags(tmp_path):
+    from opforge.gen import _generate
+
+    with pytest.raises(_aten.GenError, match="tags names 'neg', which is not in the allowlist"):
+        _generate.generate_aten(["abs"], "myaten", str(tmp_path), tags={"neg": ["cudagraph_unsafe"]},
+                                build_library=False, tests=False)
+    with pytest.raises(_aten.GenError, match=r"tags\['abs'\]: 'unsafe' is not an op tag"):
+        _generate.generate_aten(["abs"], "myaten", str(tmp_path), tags={"abs": "unsafe"},
+                                build_library=False, tests=False)
+    assert os.listdir(tmp_path) == []
+

@@ -24,11 +24,17 @@ namespace {
 // out); raises to refuse it.
 PyObject* g_break = nullptr;
 
+// A static output tensor as the capture left it.
+struct Placed {
+  const void* data;
+  std::vector<int64_t> sizes;
+};
+
 // One guarded op's flat call on the capture's static tensors: the arguments
 // checked and converted once, at capture; each call redispatches to the op's
 // kernels past the guard. The first call's returns are the static outputs;
 // later calls write their returns into them (one copy each, none where the
-// kernel returned the same tensor).
+// kernel returned the same tensor, which must then stay where it was).
 struct CapturedCallObject {
   PyObject_HEAD
   vectorcallfunc vectorcall;
@@ -36,6 +42,7 @@ struct CapturedCallObject {
   c10::DispatchKeySet below;
   std::vector<c10::IValue>* args;
   std::vector<c10::IValue>* outputs;  // the static outputs, once run
+  std::vector<Placed>* placed;  // where their tensors' data is, in order, once run
   bool ran;
 };
 
@@ -57,7 +64,26 @@ void CheckStatic(const CapturedCallObject* c, const c10::IValue& v, size_t index
       "Return tensors only from a cudagraph_unsafe op (write a host value into a tensor).");
 }
 
-void CopyInto(const CapturedCallObject* c, const at::Tensor& fixed, const at::Tensor& fresh, size_t index) {
+// Where a stack's tensors are, in order: what the graph segments after the
+// break read.
+void Place(const std::vector<c10::IValue>& values, std::vector<Placed>* out) {
+  auto add = [out](const c10::IValue& v) {
+    if (v.isTensor() && v.toTensor().defined()) {
+      out->push_back({v.toTensor().data_ptr(), v.toTensor().sizes().vec()});
+    }
+  };
+  for (const c10::IValue& v : values) {
+    if (v.isList()) {
+      for (const c10::IValue& item : v.toListRef()) add(item);
+    } else {
+      add(v);
+    }
+  }
+}
+
+void CopyInto(const CapturedCallObject* c, const at::Tensor& fixed, const at::Tensor& fresh, size_t index,
+              size_t* tensor) {
+  if (fixed.defined()) ++*tensor;
   if (!fixed.defined() || !fresh.defined()) {
     if (fixed.defined() != fresh.defined()) {
       throw std::runtime_error(OpName(c) + ": return " + std::to_string(index) +
@@ -66,7 +92,19 @@ void CopyInto(const CapturedCallObject* c, const at::Tensor& fixed, const at::Te
     }
     return;
   }
-  if (fresh.is_same(fixed)) return;
+  if (fresh.is_same(fixed)) {
+    // The kernel wrote into the static tensor (an out= argument it returns):
+    // right unless it moved the tensor's data, as a resize does.
+    const Placed& was = (*c->placed)[*tensor - 1];
+    if (fixed.data_ptr() != was.data || fixed.sizes() != c10::IntArrayRef(was.sizes)) {
+      throw std::runtime_error(OpName(c) + ": return " + std::to_string(index) +
+                               " is the captured tensor, but the kernel resized it at replay (to " +
+                               c10::str(fixed.sizes()) + ", captured as " + c10::str(c10::IntArrayRef(was.sizes)) +
+                               "): the graph segments after the break read it as it was captured. Keep the op's "
+                               "output shape fixed for the capture's inputs.");
+    }
+    return;
+  }
   if (fresh.sizes() != fixed.sizes() || fresh.scalar_type() != fixed.scalar_type() ||
       fresh.device() != fixed.device()) {
     throw std::runtime_error(OpName(c) + ": return " + std::to_string(index) + " changed at replay (" +
@@ -82,9 +120,10 @@ void CopyInto(const CapturedCallObject* c, const at::Tensor& fixed, const at::Te
 
 void WriteOutputs(const CapturedCallObject* c, const std::vector<c10::IValue>& fresh) {
   const std::vector<c10::IValue>& fixed = *c->outputs;
+  size_t tensor = 0;
   for (size_t i = 0; i < fixed.size() && i < fresh.size(); ++i) {
     if (fixed[i].isTensor()) {
-      CopyInto(c, fixed[i].toTensor(), fresh[i].isTensor() ? fresh[i].toTensor() : at::Tensor(), i);
+      CopyInto(c, fixed[i].toTensor(), fresh[i].isTensor() ? fresh[i].toTensor() : at::Tensor(), i, &tensor);
     } else if (fixed[i].isList()) {
       const auto a = fixed[i].toListRef();
       const auto b = fresh[i].toListRef();
@@ -94,7 +133,7 @@ void WriteOutputs(const CapturedCallObject* c, const std::vector<c10::IValue>& f
       }
       for (size_t j = 0; j < a.size(); ++j) {
         CopyInto(c, a[j].isTensor() ? a[j].toTensor() : at::Tensor(), b[j].isTensor() ? b[j].toTensor() : at::Tensor(),
-                 i);
+                 i, &tensor);
       }
     }
   }
@@ -108,10 +147,14 @@ PyObject* CapturedCallCall(PyObject* self, PyObject* const* /*args*/, size_t nar
   }
   try {
     std::vector<c10::IValue> stack(*c->args);
-    c->op->redispatchBoxed(c->below, &stack);
+    {
+      RecordedCallScope past_the_guard;
+      c->op->redispatchBoxed(c->below, &stack);
+    }
     if (!c->ran) {
       for (size_t i = 0; i < stack.size(); ++i) CheckStatic(c, stack[i], i);
       *c->outputs = stack;
+      Place(*c->outputs, c->placed);
       c->ran = true;
       return torch::jit::createPyObjectForStack(std::move(stack)).release().ptr();
     }
@@ -128,6 +171,7 @@ void CapturedCallDealloc(PyObject* self) {
   delete c->op;
   delete c->args;
   delete c->outputs;
+  delete c->placed;
   Py_TYPE(self)->tp_free(self);
 }
 
@@ -187,6 +231,7 @@ bool Break(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit:
   c->below = below;
   c->args = new std::vector<c10::IValue>(stack->end() - nargs, stack->end());
   c->outputs = new std::vector<c10::IValue>();
+  c->placed = new std::vector<Placed>();
   c->ran = false;
   py::object call = py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(c));
   py::object name = py::str(op.schema().name());

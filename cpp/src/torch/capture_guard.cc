@@ -16,6 +16,8 @@ namespace opforge {
 namespace {
 
 std::atomic<int> g_probe{-1};
+// How many recorded calls (RecordedCallScope) this thread is inside.
+thread_local int t_recorded_calls = 0;
 std::atomic<CaptureBreakHandler> g_handler{nullptr};
 
 // CUDA's driver entry point, looked up in the libcuda the running torch
@@ -52,18 +54,25 @@ const std::pair<const char*, at::Tag> kTags[] = {
 void CaptureGuard(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const c10::DispatchKeySet below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER,
                                                              c10::DispatchKey::BackendSelect);
-  const std::optional<c10::Device> device = CaptureDevice(*stack, op.schema().arguments().size());
-  if (device && CaptureUnderway(*device)) {
-    CaptureBreakHandler handler = g_handler.load(std::memory_order_acquire);
-    if (handler == nullptr) TORCH_CHECK(false, PlainCaptureMessage(op.schema().name()));
-    if (handler(op, below, stack)) return;
-  }
+  if (BreakIfCapturing(op, below, stack)) return;
   op.redispatchBoxed(below, stack);
 }
 
 torch::CppFunction GuardKernel() { return torch::CppFunction::makeFromBoxedFunction<&CaptureGuard>(); }
 
 }  // namespace
+
+RecordedCallScope::RecordedCallScope() { ++t_recorded_calls; }
+RecordedCallScope::~RecordedCallScope() { --t_recorded_calls; }
+
+bool BreakIfCapturing(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit::Stack* stack) {
+  if (t_recorded_calls > 0) return false;  // a recorded call's kernel: it is the break
+  const std::optional<c10::Device> device = CaptureDevice(*stack, op.schema().arguments().size());
+  if (!device || !CaptureUnderway(*device)) return false;
+  CaptureBreakHandler handler = g_handler.load(std::memory_order_acquire);
+  if (handler == nullptr) TORCH_CHECK(false, PlainCaptureMessage(op.schema().name()));
+  return handler(op, below, stack);
+}
 
 bool CaptureUnderway(c10::Device device) {
   const int probe = g_probe.load(std::memory_order_relaxed);
@@ -161,3 +170,7 @@ void* DefineTagged(const std::string& schema, const std::vector<std::string>& ta
 void ReleaseTagged(void* registration) { delete static_cast<KernelRegistration*>(registration); }
 
 }  // namespace opforge
+
+extern "C" int opforge_capture_guard_v1(const c10::OperatorHandle* op, uint64_t keys, torch::jit::Stack* stack) {
+  return opforge::BreakIfCapturing(*op, c10::DispatchKeySet(c10::DispatchKeySet::RAW, keys), stack) ? 1 : 0;
+}

@@ -11,6 +11,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,25 @@ using CaptureBreakHandler = bool (*)(const c10::OperatorHandle& op, c10::Dispatc
                                      torch::jit::Stack* stack);
 void SetCaptureBreakHandler(CaptureBreakHandler handler);
 
+// Held while a recorded break runs its call (opforge._C.CapturedCall): the
+// guard lets every call on this thread through, as the call is the break. A
+// kernel that meets the guard again on its way (a generated op's forwarding
+// kernel sits on every key) runs, rather than breaking once more.
+class RecordedCallScope {
+ public:
+  RecordedCallScope();
+  ~RecordedCallScope();
+  RecordedCallScope(const RecordedCallScope&) = delete;
+  RecordedCallScope& operator=(const RecordedCallScope&) = delete;
+};
+
+// The guard's decision for one call of a cudagraph_unsafe op: false where no
+// capture is under way on the call's device, the caller opted out, or inside
+// a RecordedCallScope, and the call goes on; true where the break handler ran
+// it (its returns are on the stack). Throws, naming the op, where the capture
+// cannot break.
+bool BreakIfCapturing(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit::Stack* stack);
+
 // What a capture that cannot break around `op` says.
 std::string PlainCaptureMessage(const std::string& op);
 
@@ -59,3 +79,11 @@ void* DefineTagged(const std::string& schema, const std::vector<std::string>& ta
 void ReleaseTagged(void* registration);
 
 }  // namespace opforge
+
+// The guard for kernels built without opforge (`opforge gen aten`'s forwarding
+// kernel, docs/codegen.md#op-tags), found with dlsym in the loaded
+// libopforge_torch.so: BreakIfCapturing with `keys` as DispatchKeySet's raw
+// bits; 1 where the break handler ran the call, 0 where it goes on. Throws
+// c10::Error naming the op where the capture cannot break. Versioned: a
+// changed contract is a new name.
+extern "C" int opforge_capture_guard_v1(const c10::OperatorHandle* op, uint64_t keys, torch::jit::Stack* stack);

@@ -70,6 +70,8 @@ class GeneratedOp:
     reference: str | None  # functional counterpart, "aten::add.Scalar", or None
     # Factory keywords the reference takes and the target does not ("dtype").
     reference_extra: tuple = ()
+    # Torch op tags the op is defined with: ("cudagraph_unsafe",).
+    tags: tuple = ()
 
     @property
     def qualified_name(self) -> str:
@@ -140,6 +142,11 @@ def read_allowlist(path: str) -> list[str]:
 
     'abs\\n# unary\\naten::acos\\n' -> ['abs', 'acos']
     """
+    return list(read_allowlist_entries(path))
+
+
+def read_allowlist_entries(path: str) -> dict[str, tuple]:
+    """{base name: op tags} from an allowlist file (parse_allowlist_entries)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -151,15 +158,53 @@ def read_allowlist(path: str) -> list[str]:
         line = e.object[:e.start].count(b"\n") + 1
         raise GenError(f"allowlist {path!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} on line {line}); "
                        "save it as UTF-8, one ATen base name per line.") from None
-    return parse_allowlist(text.splitlines(), origin=os.path.basename(path))
+    return parse_allowlist_entries(text.splitlines(), origin=os.path.basename(path))
+
+
+# Torch op tags a generated op may carry (the same names a C++ op's
+# `.tag(...)` takes, docs/cpp_ops.md#op-tags); opforge_forward.cc knows them.
+OP_TAGS = ("cudagraph_unsafe", "needs_fixed_stride_order", "flexible_layout", "nondeterministic_seeded",
+           "nondeterministic_bitwise", "pt2_compliant_tag")
+
+
+def check_tags(tags, where: str) -> tuple:
+    """The tags as a sorted tuple; GenError naming `where` for an unknown one."""
+    for tag in tags:
+        if tag not in OP_TAGS:
+            raise GenError(f"{where}: {tag!r} is not an op tag a generated op can carry; use one of: "
+                           f"{', '.join(OP_TAGS)}.")
+    return tuple(sorted(set(tags)))
 
 
 def parse_allowlist(lines, origin: str = "<allowlist>") -> list[str]:
-    names: list[str] = []
+    """Base names, in order; tags after a name (`nonzero [cudagraph_unsafe]`) are
+    read by `allowlist_tags`."""
+    return list(parse_allowlist_entries(lines, origin))
+
+
+def allowlist_tags(lines, origin: str = "<allowlist>") -> dict[str, tuple]:
+    """{base: tags} for the allowlist's entries that name torch op tags."""
+    return {name: tags for name, tags in parse_allowlist_entries(lines, origin).items() if tags}
+
+
+def parse_allowlist_entries(lines, origin: str = "<allowlist>") -> dict[str, tuple]:
+    """{base name: op tags}, in the allowlist's order. An entry is a base name,
+    optionally followed by torch op tags in brackets, which every op generated
+    for it carries: `nonzero [cudagraph_unsafe]` (docs/codegen.md#op-tags)."""
+    names: dict[str, tuple] = {}
     for lineno, line in enumerate(lines, 1):
         entry = line.split("#", 1)[0].strip()
         if not entry:
             continue
+        tags: tuple = ()
+        if "[" in entry or "]" in entry:
+            head, bracket, rest = entry.partition("[")
+            if not bracket or not rest.rstrip().endswith("]") or "[" in rest or "]" in head:
+                raise GenError(f"{origin}:{lineno}: {entry!r}: write the tags after the name in one pair of "
+                               "brackets, e.g. 'nonzero [cudagraph_unsafe]'.")
+            listed = [t.strip() for t in rest.rstrip()[:-1].split(",") if t.strip()]
+            tags = check_tags(listed, f"{origin}:{lineno}")
+            entry = head.strip()
         if entry.startswith("aten::"):
             entry = entry[len("aten::"):]
         if "." in entry:
@@ -173,8 +218,7 @@ def parse_allowlist(lines, origin: str = "<allowlist>") -> list[str]:
                 f"{origin}:{lineno}: {entry!r} is not an operator base name; "
                 "write one ATen name per line, e.g. 'add' or 'linalg_solve'."
             )
-        if entry not in names:
-            names.append(entry)
+        names[entry] = tuple(sorted(set(names.get(entry, ()) + tags)))
     return names
 
 
@@ -328,12 +372,13 @@ def _verbatim_name(base: str, overload: str) -> str:
     return _compose(base, text)
 
 
-def select(allowlist: list[str], namespace: str, source: str = "registry") -> Selection:
+def select(allowlist: list[str], namespace: str, source: str = "registry", tags: dict | None = None) -> Selection:
     """Chooses the ATen overloads to generate for each allowlisted base name.
 
     A base with out= overloads generates those; an in-place base (`add_`),
     or a base whose only mutating forms are in place, generates its in-place
     overloads. Everything else is reported in `not_generated` with a reason.
+    `tags`: {base: torch op tags} every op generated for that base is defined with.
     """
     import torch
 
@@ -411,7 +456,7 @@ def select(allowlist: list[str], namespace: str, source: str = "registry") -> Se
         selection.ops.append(
             GeneratedOp(name=names[i], namespace=namespace, base=base, target=schema.name,
                         overload=schema.overload, kind=kind, schema=schema, reference=reference,
-                        reference_extra=extra)
+                        reference_extra=extra, tags=tuple((tags or {}).get(base, ())))
         )
     selection.ops.sort(key=lambda op: op.name)
     return selection

@@ -47,9 +47,11 @@ def table_source(selection) -> str:
         "constexpr opforge_gen::ForwardedOp kOps[] = {",
     ]
     for op in selection.ops:
+        # The tags field only where the op has tags: untagged rows stay as before.
+        tags = f", {_literal(','.join(op.tags))}" if op.tags else ""
         lines.append(
             f"    {{{_literal(op.name)}, {_literal(op.target)}, {_literal(op.overload)},\n"
-            f"     {_literal(op.target_text)}}},"
+            f"     {_literal(op.target_text)}{tags}}},"
         )
     lines += [
         "};",

@@ -84,6 +84,7 @@ def metadata(selection: _aten.Selection, library: str | None, tests: dict | None
             "arguments": [_argument_json(a, a.name in outs) for a in op.schema.arguments],
             "returns": [{"name": r.name, "type": str(r.type)} for r in op.schema.returns],
             "tags": _tags(op),
+            "op_tags": list(op.tags),
         })
     generated, total = len(selection.generated_bases), len(selection.generated_bases) + len(selection.not_generated)
     data = {
@@ -163,15 +164,27 @@ def test_module_source(selection: _aten.Selection, cases: dict[str, dict], libra
 
 def generate_aten(allowlist, namespace: str, out_dir: str, *, source: str = "registry",
                   build_library: bool = True, tests: bool = True, build_dir: str | None = None,
-                  jobs: int = 2, strict: bool = False, progress: Progress | None = None) -> Report:
+                  jobs: int = 2, strict: bool = False, progress: Progress | None = None,
+                  tags: dict | None = None) -> Report:
     """Generates (and by default builds) ATen-forwarding ops; see the module doc.
 
-    `allowlist` is a path or a list of base names.
+    `allowlist` is a path or a list of base names; an entry may name torch op
+    tags after it, `"nonzero [cudagraph_unsafe]"`, as may `tags`:
+    {"nonzero": ["cudagraph_unsafe"]} (docs/codegen.md#op-tags).
     """
     progress = progress or Progress(quiet=True)
     timer = time.perf_counter()
-    names = _aten.read_allowlist(allowlist) if isinstance(allowlist, str) else \
-        _aten.parse_allowlist(list(allowlist))
+    entries = _aten.read_allowlist_entries(allowlist) if isinstance(allowlist, str) else \
+        _aten.parse_allowlist_entries(list(allowlist))
+    names = list(entries)
+    op_tags = {name: t for name, t in entries.items() if t}
+    for base, extra in (tags or {}).items():
+        if base not in entries:
+            raise _aten.GenError(f"tags names {base!r}, which is not in the allowlist; add it to the allowlist "
+                                 "or remove it from tags.")
+        if isinstance(extra, str):
+            extra = [extra]
+        op_tags[base] = _aten.check_tags(tuple(op_tags.get(base, ())) + tuple(extra), f"tags[{base!r}]")
     _aten.check_namespace(namespace)
     # Before the work: a file where a directory is expected fails here, not after the selection.
     ensure_directory(out_dir, "--out", create=False)
@@ -179,7 +192,7 @@ def generate_aten(allowlist, namespace: str, out_dir: str, *, source: str = "reg
         ensure_directory(build_dir, "--build-dir", create=False)
     ensure_directory(out_dir, "--out")
     progress.say(f"[gen] reading ATen schemas ({source}) for {len(names)} names")
-    selection = _aten.select(names, namespace, source)
+    selection = _aten.select(names, namespace, source, tags=op_tags)
     if not selection.ops:
         reasons = "; ".join(f"{n.name}: {n.reason}" for n in selection.not_generated) or "the allowlist is empty"
         raise _aten.GenError(f"no allowlisted name can be generated ({reasons}); list ATen base names "

@@ -18,6 +18,10 @@ struct ForwardedOp {
   const char* target;    // the ATen operator: "aten::add"
   const char* overload;  // its overload: "Scalar_out"
   const char* schema;    // the target's schema when generated, to notice another torch
+  // Torch op tags the op is defined with, comma-separated ("cudagraph_unsafe"),
+  // or null. A cudagraph_unsafe op is refused by a plain CUDA graph capture and
+  // is an eager break of a breakable one (docs/codegen.md#op-tags).
+  const char* tags = nullptr;
 };
 
 // Defines `ns::name` for each op with the target's schema and a kernel that
