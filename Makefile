@@ -35,7 +35,7 @@ $(VENV)/.opforge-deps: pyproject.toml Makefile
 	$(PIP) install -q --upgrade pip
 	@$(PY) -c "import sys, torch; sys.exit('$(TORCH_VERSION)' not in ('', torch.__version__.split('+')[0]))" \
 	  2>/dev/null || $(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest hypothesis pyyaml numpy $(TRITON_SPEC)
+	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja cmake pytest pytest-xdist hypothesis pyyaml numpy $(TRITON_SPEC)
 	# opforge's tvm-ffi extra (docs/tvm_ffi.md), so the suite runs its TVM-FFI tests.
 	$(PIP) install -q "apache-tvm-ffi>=0.1.15,<0.2"
 	@touch $@
@@ -58,10 +58,16 @@ cpp-test: setup
 	cmake --build $(CPP_BUILD)
 	ctest --test-dir $(CPP_BUILD) --output-on-failure
 
+# pytest runs on PYTEST_JOBS workers (pytest-xdist), a test file on one
+# worker (its module fixtures build and load once); the test libraries each
+# build once per run under a lock (tests/python/cpp_ext.py). The slowest
+# tests are printed at the end, so growth shows.
+PYTEST_JOBS ?= 2
+PYTEST_FLAGS ?= -q -n $(PYTEST_JOBS) --dist loadfile --durations=15
 py-test: build
-	$(PY) -m pytest tests/python -q
+	$(PY) -m pytest tests/python $(PYTEST_FLAGS)
 	@echo "The example kernel library again, built on torch's stable ABI (docs/stable_abi.md):"
-	OPFORGE_KERNELS=stable $(PY) -m pytest tests/python/test_kernel_library.py tests/python/test_deploy.py -q
+	OPFORGE_KERNELS=stable $(PY) -m pytest tests/python/test_kernel_library.py tests/python/test_deploy.py $(PYTEST_FLAGS)
 
 test: cpp-test py-test
 

@@ -8,6 +8,8 @@ loads them once per process.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
 import subprocess
@@ -25,11 +27,30 @@ BUILD = os.path.join(ROOT, "build", f"torch-{torch.__version__.split('+')[0]}")
 EXT_BUILD = os.path.join(BUILD, "cpp_ext")
 
 
+@contextlib.contextmanager
+def build_lock(out: str):
+    """Holds `out`'s lock: the pytest workers of one run (pytest -n 2) and
+    suites running side by side build each folder one at a time, and a
+    second comer finds it built."""
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out.rstrip(os.sep) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def build(src: str, name: str, *defines: str, out: str | None = None) -> str:
     """Configures and builds the CMake project `src` (relative to the repo,
     or absolute) into `out`, by default build/torch-<release>/<name>;
     returns that folder."""
     out = out or os.path.join(BUILD, name)
+    with build_lock(out):
+        return _build(src, out, defines)
+
+
+def _build(src: str, out: str, defines) -> str:
     configure = subprocess.run(
         ["cmake", "-S", os.path.join(ROOT, src), "-B", out, "-G", "Ninja",
          f"-DCMAKE_PREFIX_PATH={opforge.cmake_prefix_path}", f"-DPython_EXECUTABLE={sys.executable}",
