@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tvm_ffi_abi.h"
+#include "torch/tvm_ffi_abi.h"
 
 namespace torch {
 class CppFunction;

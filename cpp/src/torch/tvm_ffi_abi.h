@@ -2,7 +2,8 @@
 // calls, spelled out here so that opforge builds without TVM-FFI installed:
 // a function is found at run time, in a libtvm_ffi.so that is already
 // loaded. tests/cpp/test_tvm_ffi_abi.cc checks every size, offset and value
-// below against TVM-FFI's own header where one is installed.
+// below against TVM-FFI's own header where one is installed (ctest's
+// test_tvm_ffi_abi; skipped, saying so, where apache-tvm-ffi is not).
 //
 //   OpforgeFfiAny arg{kFfiFloat, 0, {}}; arg.v_float64 = 0.5;
 //   api.function_call(fn, &arg, 1, &result);
