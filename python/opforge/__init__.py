@@ -27,7 +27,8 @@ from ._op import OpDef, op, opcheck  # noqa: E402
 from ._types import HandleAnnotation as _HandleAnnotation  # noqa: E402
 from .symm_mem import arg_tags, symm_mem_args  # noqa: E402
 
-__all__ = ["Handle", "OpDef", "arg_tags", "check_library", "cmake_prefix_path", "cuda_graphs", "deploy", "handles",
+__all__ = ["Handle", "OpDef", "arg_tags", "cache_key", "check_library", "cmake_prefix_path", "cuda_graphs", "deploy",
+           "handles",
            "load_errors",
            "load_library", "op", "opcheck", "ops", "set_fast_path_enabled", "structs", "symm_mem", "symm_mem_args"]
 
@@ -55,3 +56,19 @@ def set_fast_path_enabled(enabled: bool) -> bool:
     returns the previous setting. With it off, every call goes through the
     dispatcher."""
     return _C.set_fast_path_enabled(enabled)
+
+
+def cache_key(op) -> str:
+    """What `op` (an @opforge.op, or a C++ op of opforge.ops) contributes to
+    the keys of torch.compile's on-disk caches, as text: its digest and the
+    parts it is made of (docs/compile_cache.md).
+
+        print(opforge.cache_key(mylib.rms_norm))"""
+    from . import _cache_key
+    from ._op import OpDef
+
+    if not isinstance(op, OpDef):
+        raise TypeError(f"opforge.cache_key takes an opforge op (an @opforge.op function or an op of opforge.ops), "
+                        f"not {type(op).__name__} {op!r}.")
+    return _cache_key.explain(op)
+

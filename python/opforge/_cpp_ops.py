@@ -21,7 +21,7 @@ import threading
 import torch
 from torch import _C as _torch_C
 
-from . import _C, _in_graph, _inductor, _op
+from . import _C, _cache_key, _in_graph, _inductor, _op
 from ._codegen import EMPTY, Param
 from ._structs import find_class, python_value, type_info, types_used_by
 
@@ -162,6 +162,7 @@ def refresh() -> None:
 def _on_compile_start(*_args) -> None:
     refresh()
     _in_graph.admit_pending()
+    _cache_key.note_all()
 
 
 def _install_compile_hook() -> None:

@@ -365,3 +365,22 @@ def test_many_arguments_flatten_in_order(ns, path):
     exec(src, scope)
     many = opforge.op(f"{ns}::many")(scope["many"])
     assert many(torch.zeros(1), *range(30)).item() == sum(range(30))
+
+
+@pytest.mark.parametrize("flat_value, values", [(99, "1, 2"), ("fast2", "'fast', 'exact'")], ids=["int", "str"])
+def test_a_flat_value_no_enum_member_has_is_an_error_naming_the_enum_the_value_and_its_values(ns, flat_value,
+                                                                                              values):
+    # What a graph compiled for another definition of the Enum would pass (docs/compile_cache.md).
+    enum_type = Level if isinstance(flat_value, int) else Mode
+
+    @opforge.op(f"{ns}::scaled", fake=lambda x, how: torch.empty_like(x))
+    def scaled(x: torch.Tensor, how: enum_type) -> torch.Tensor:
+        return x * 2
+
+    name = enum_type.__qualname__
+    members = ", ".join(f"{name}.{m.name}" for m in enum_type)
+    with pytest.raises(ValueError) as info:
+        scaled.overload(torch.ones(2), flat_value)
+    assert str(info.value) == (f"{ns}::scaled: parameter 'how': {flat_value!r} is not a value of {name} (its values: "
+                               f"{values}). Pass one of {members}. A compiled graph that passed it was compiled for "
+                               f"another definition of {name}.")

@@ -778,8 +778,16 @@ PyObject* Boundary::Rebuild(const Node& node, c10::ArrayRef<c10::IValue> args, O
       auto member = [&](PyObject* raw) -> PyObject* {
         PyObject* m = PyDict_GetItemWithError(node.by_value.ptr(), raw);
         if (m == nullptr && !PyErr_Occurred()) {
-          PyErr_Format(PyExc_ValueError, "%s: %s: %R is not a value of the enum.", op_.c_str(),
-                       node.where.Text().c_str(), raw);
+          // A flat value no member has (a graph compiled for another version
+          // of the Enum, a hand-made flat call): named as the eager boundary names it.
+          std::string values;
+          for (const auto& item : py::reinterpret_borrow<py::dict>(node.by_value)) {
+            values += (values.empty() ? "" : ", ") + Repr(item.first.ptr());
+          }
+          Fail(PyExc_ValueError, op_, node.where, Context::kArgument,
+               Repr(raw) + " is not a value of " + node.qual + " (its values: " + values + ").",
+               "Pass one of " + node.allowed_repr + ". A compiled graph that passed it was compiled for another "
+               "definition of " + node.qual + ".");
         }
         return Py_XNewRef(m);
       };
