@@ -37,10 +37,11 @@ import logging
 import sys
 import types
 import uuid
+import weakref
 
 log = logging.getLogger("opforge.cache")
 
-# id(op) -> (the parts it was computed from, digest)
+# id(op) -> (the parts it was computed from, digest, weakref to the op)
 _memo: dict[int, tuple] = {}
 _noted: dict[str, str] = {}  # "opforge <name>" -> digest, as last given to Inductor's config
 _said_uncacheable: set = set()
@@ -212,7 +213,7 @@ def digest(op) -> str:
     cannot be read."""
     key = _identity(op)
     memo = _memo.get(id(op))
-    if memo is not None and memo[0] == key and memo[2] is op:
+    if memo is not None and memo[0] == key and memo[2]() is op:
         return memo[1]
     parts = definition(op)
     unreadable = [w for w, v in parts["functions"].items() if isinstance(v, str) and v.startswith("unreadable")]
@@ -225,7 +226,7 @@ def digest(op) -> str:
                       op.name, " and ".join(unreadable))
     else:
         value = hashlib.sha256(repr(sorted(parts.items(), key=lambda kv: kv[0])).encode()).hexdigest()[:32]
-    _memo[id(op)] = (key, value, op)
+    _memo[id(op)] = (key, value, weakref.ref(op, lambda _, i=id(op): _memo.pop(i, None)))
     return value
 
 
@@ -248,7 +249,13 @@ def note_all() -> None:
     changed = False
     for op in list(_ops()):
         entry = f"opforge {op.name}"
-        value = digest(op)
+        try:
+            value = digest(op)
+        except Exception as e:  # noqa: BLE001 - a compile start must not fail on one op's digest
+            log.debug("%s: no digest (%s: %s); its graphs are compiled anew in every process.", op.name,
+                      type(e).__name__, e)
+            value = _noted.get(entry) if str(_noted.get(entry, "")).startswith("uncacheable-") else \
+                f"uncacheable-{uuid.uuid4().hex}"
         if _noted.get(entry) != value or marked.get(entry) != value:
             _noted[entry] = value
             changed = True
