@@ -151,7 +151,9 @@ def measure_layers(layers: int, dim: int, batch: int, repeats: int, step_repeats
             for name in _VARIANTS:
                 with tempfile.TemporaryDirectory(prefix="opforge-bench-cache-") as cache, _warm_caches(cache):
                     _first_call(models[name], x, "inductor")  # fills the cache
+                    misses = _cache_misses()
                     seconds, _fn, out = _first_call(models[name], x, "inductor")
+                    rows[name].setdefault("inductor_warm_misses", []).append(_cache_misses() - misses)
                     if r == repeats - 1:  # the same warm compile once more, counted, from the filled cache
                         rows[name]["inductor_warm_calls"] = [_traced_calls(models[name], x, "inductor")]
                 torch.testing.assert_close(out, eager[name], rtol=1e-4, atol=1e-4)
@@ -283,6 +285,33 @@ def measure_generated(allowlist: str, out_dir: str, repeats: int) -> dict:
             "refused_example": {name: v[0] for name, v in refused.items() if v}}
 
 
+def _cache_misses() -> int:
+    """Misses of Inductor's FX graph cache and AOTAutograd's cache so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["fxgraph_cache_miss"] + counters["aot_autograd"]["autograd_cache_miss"]
+
+
+def measure_digests(repeats: int = 5) -> dict:
+    """What keying every op's definition costs a compile start
+    (docs/compile_cache.md): every registered op's digest computed anew
+    (cold), and the compile-start step once they are known (warm)."""
+    from . import _cache_key
+
+    ops = list(_cache_key._ops())
+    cold, warm = [], []
+    for _ in range(repeats):
+        _cache_key._memo.clear()
+        t0 = time.perf_counter()
+        for op in ops:
+            _cache_key.digest(op)
+        cold.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        _cache_key.note_all()
+        warm.append(time.perf_counter() - t0)
+    return {"ops": len(ops), "cold_ms": statistics.median(cold) * 1e3, "warm_us": statistics.median(warm) * 1e6}
+
+
 def measure(args: argparse.Namespace) -> dict:
     registration = {}
     for n in args.compile_leaves:
@@ -296,7 +325,8 @@ def measure(args: argparse.Namespace) -> dict:
     by_layers = {layers: measure_layers(layers, args.dim_compiled, args.batch, args.compile_repeats, args.repeats,
                                         args.min_time)
                  for layers in args.compile_layers}
-    return {"torch": torch.__version__, "registration": registration, "generated": generated, "layers": by_layers}
+    return {"torch": torch.__version__, "registration": registration, "generated": generated, "layers": by_layers,
+            "digests": measure_digests()}
 
 
 def _verdict(ratio: float, budget: float) -> str:
@@ -324,7 +354,9 @@ def render(result: dict) -> str:
     for layers, rows in result["layers"].items():
         lines += ["", f"{f'{layers} layers x 4 ops':28}" + "".join(f"{name:>20}" for name in _VARIANTS)]
         for key, label, fmt in (("dynamo_s", "dynamo s", ".3f"), ("inductor_cold_s", "inductor cold s", ".3f"),
-                                ("inductor_warm_s", "inductor warm s", ".3f"), ("recompiles", "recompiles", ".0f"),
+                                ("inductor_warm_s", "inductor warm s", ".3f"),
+                                ("inductor_warm_misses", "inductor warm misses", ".0f"),
+                                ("recompiles", "recompiles", ".0f"),
                                 ("step_us", "step µs", ".1f")):
             lines.append(f"{'  ' + label:28}" + "".join(f"{rows[name][key]:>20{fmt}}" for name in _VARIANTS))
         ours, define, custom = (rows[name] for name in _VARIANTS)
@@ -341,6 +373,10 @@ def render(result: dict) -> str:
                   f"{'  cold / define+impl':28}{_verdict(ours['inductor_cold_s'] / define['inductor_cold_s'], 1.0)}",
                   f"{'  warm / custom_op':28}{_verdict(ours['inductor_warm_s'] / custom['inductor_warm_s'], 1.0)}",
                   f"{'  step / define+impl':28}{_verdict(ours['step_us'] / define['step_us'], 1.0)}"]
+    digests = result.get("digests")
+    if digests:
+        lines += ["", f"definition digests at a compile start (docs/compile_cache.md): {digests['ops']} ops, "
+                      f"{digests['cold_ms']:.2f} ms computed anew, {digests['warm_us']:.0f} µs once known"]
     return "\n".join(lines)
 
 

@@ -63,7 +63,8 @@ def test_a_changed_struct_field_is_one_recompile_for_every_model(result):
 
 def test_the_table_names_each_row_and_budget(result):
     text = _bench_compile.render(result)
-    for label in ("registration, ms per op", "dynamo s", "inductor cold s", "inductor warm s", "recompiles",
+    for label in ("registration, ms per op", "dynamo s", "inductor cold s", "inductor warm s", "inductor warm misses",
+                  "definition digests at a compile start", "recompiles",
                   "step µs", "dynamo / custom_op", "cold / define+impl", "warm / custom_op", "step / define+impl",
                   "4 ops of 3 names", "dynamo calls, k", "inductor cold calls, k", "inductor warm calls, k",
                   "opforge per call site"):
@@ -90,3 +91,11 @@ def test_counting_the_traced_work_twice_gives_the_same_count_to_a_thousandth():
         counts = [_bench_compile._traced_calls(models["opforge struct op"], x, "eager") for _ in range(2)]
     # (A finalizer the collector runs may add a call or two.)
     assert abs(counts[0] - counts[1]) <= counts[0] / 1000 and counts[0] > 10_000, counts
+
+
+def test_a_warm_compile_misses_no_cache_and_the_digests_are_measured(result):
+    # Every op's definition is in the caches' keys (docs/compile_cache.md): nothing changed, nothing missed.
+    assert [row["inductor_warm_misses"] for row in result["layers"][2].values()] == [0, 0, 0]
+    digests = result["digests"]
+    assert digests["ops"] >= 1 and digests["cold_ms"] > 0 and digests["warm_us"] > 0, digests
+
