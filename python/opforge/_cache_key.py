@@ -11,7 +11,7 @@ one that changed misses, one that did not hits.
 
     definition(op)   # the parts, readable: schema, signature, enums, structs, fake, ...
     digest(op)       # sha256 of them, memoized per definition
-    note_all()       # the compile-start step: every op's entry in Inductor's config
+    note_all(ops)    # the compile-start step: every op's entry in Inductor's config
 
 In the key: the flat schema with defaults and alias marks (so
 `mutates_args`), the original signature with its defaults, the `(name,
@@ -230,14 +230,7 @@ def digest(op) -> str:
     return value
 
 
-def _ops():
-    from . import _cpp_ops, _op
-
-    yield from _op._REGISTERED.values()
-    yield from _cpp_ops._made.values()
-
-
-def note_all() -> None:
+def note_all(ops) -> None:
     """Every op's `"opforge <name>" -> digest` in Inductor's
     unsafe_marked_cacheable_functions, once Inductor's config is loaded (it is
     by the time a graph is compiled). Cheap when nothing changed: digests are
@@ -247,7 +240,7 @@ def note_all() -> None:
     if not isinstance(marked, dict):
         return
     changed = False
-    for op in list(_ops()):
+    for op in list(ops):
         entry = f"opforge {op.name}"
         try:
             value = digest(op)

@@ -162,7 +162,12 @@ def refresh() -> None:
 def _on_compile_start(*_args) -> None:
     refresh()
     _in_graph.admit_pending()
-    _cache_key.note_all()
+    _cache_key.note_all(all_ops())
+
+
+def all_ops() -> list:
+    """Every op defined so far: Python ops, then the C++ ops seen from Python."""
+    return [*_op._REGISTERED.values(), *_made.values()]
 
 
 def _install_compile_hook() -> None:

@@ -196,15 +196,7 @@ import opforge
 
 V = {version}
 BODY = {body}
-
-
-def read_then_mutate(op):
-    def model(x, buf):
-        before = buf * 1
-        y = op(x, buf)
-        return before + y + buf
-    return model
-
+{read_then_mutate}
 
 NS, QUAL = "cc_one", ""
 {top}
@@ -224,7 +216,11 @@ import torch
 from torch import Tensor
 
 V = {version}
+{read_then_mutate}
+{controls}
+'''
 
+READ_THEN_MUTATE = '''
 
 def read_then_mutate(op):
     def model(x, buf):
@@ -232,8 +228,6 @@ def read_then_mutate(op):
         y = op(x, buf)
         return before + y + buf
     return model
-
-{controls}
 '''
 
 CHILD = r'''
@@ -294,9 +288,11 @@ print("RESULT " + json.dumps(result))
 def write_modules(directory, version: int, body: float) -> None:
     ops = textwrap.dedent(OPS)
     with open(os.path.join(directory, "cc_model.py"), "w") as f:
-        f.write(MODULE.format(version=version, body=body, top=ops, inner=textwrap.indent(ops, "    ")))
+        f.write(MODULE.format(version=version, body=body, top=ops, inner=textwrap.indent(ops, "    "),
+                              read_then_mutate=READ_THEN_MUTATE))
     with open(os.path.join(directory, "cc_control.py"), "w") as f:
-        f.write(CONTROL_MODULE.format(version=version, controls=textwrap.dedent(CONTROLS)))
+        f.write(CONTROL_MODULE.format(version=version, controls=textwrap.dedent(CONTROLS),
+                                      read_then_mutate=READ_THEN_MUTATE))
 
 
 def run_process(directory, cache, version: int, body: float, what: str = "opforge") -> dict:
