@@ -280,22 +280,30 @@ class BreakableGraph:
         self._graph = g
         self._open = True
 
-    def _end(self) -> None:
+    def _end(self) -> "torch.cuda.CUDAGraph | None":
         g, self._graph, self._open = self._graph, None, False
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             g.capture_end()
         if any("empty" in str(w.message) for w in caught):
-            return  # two breaks in a row: nothing to replay between them
+            return None  # two breaks in a row: nothing to replay between them
         for w in caught:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         self._graphs.append(g)
         self._segments.append(g.replay)
         self.num_segments += 1
+        return g
 
     def _break(self, call) -> None:
-        """A tagged op's eager break: the segment ends, `call` runs and is recorded, a new segment begins."""
-        self._end()
+        """A tagged op's eager break: the segment ends, `call` runs and is
+        recorded, a new segment begins. The segment just captured runs once
+        first, so the break sees at capture the values it sees at replay: an
+        op that is a break because it reads its inputs on the host (a
+        nonzero's count, an `.item()`) decides the shapes the next segments
+        are captured with from real values, not from memory no kernel wrote."""
+        g = self._end()
+        if g is not None:
+            g.replay()
         call()
         self._segments.append(call)
         self.num_breaks += 1
