@@ -14,6 +14,7 @@ fields, an enum as its value); see `_C.FfiKernel` for how each leaf travels.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from typing import Any, Callable
@@ -40,11 +41,44 @@ def _is_module(obj: Any) -> bool:
 _LIB: list = []  # [the path of libtvm_ffi.so]
 
 
+@dataclasses.dataclass(frozen=True)
+class TvmFfiKernel:
+    """A TVM-FFI function as `kernel=`, with how opforge passes it tensors.
+    A function whose parameters are `ffi::Tensor` (owned) rather than
+    `ffi::TensorView` needs `owned_tensors=True`: a `tvm_ffi.Function` does
+    not say what it takes, so opforge passes DLTensor views unless told.
+
+        ffi::Tensor ident(ffi::Tensor x)  ->  kernel=opforge.TvmFfiKernel(mod.ident, owned_tensors=True)
+    """
+
+    function: Any
+    owned_tensors: bool = False
+
+
+def _module_functions(module: Any) -> list[str]:
+    """The functions of a `tvm_ffi.Module` looked up so far (`mod.f` keeps
+    each in the module's __dict__); TVM-FFI has no list of a module's exports."""
+    return sorted(n for n, v in getattr(module, "__dict__", {}).items() if is_function(v))
+
+
+def _refuse_module(name: str, what: str, module: Any) -> None:
+    names = _module_functions(module)
+    example = names[0] if names else "<function>"
+    known = f"; the module has: {', '.join(names)}" if names else " (one of its functions, by name)"
+    passed = f"kernel=mod.{example}" if what == "kernel=" else f"mod.{example}"
+    raise TypeError(f"{name}: {what} got a tvm_ffi.Module, which holds several functions, not one. Pass "
+                    f"{passed}{known}.")
+
+
 def unwrap(obj: Any) -> Any:
     """The `tvm_ffi.Function` that `obj` is or wraps (a CuTe DSL compile with
-    --enable-tvm-ffi returns a Python object around one), or None."""
-    if is_function(obj):
+    --enable-tvm-ffi returns a Python object around one; a TvmFfiKernel
+    holds one), or None. A `tvm_ffi.Module` comes back as itself, for
+    make_kernel to refuse: it holds several functions, not one."""
+    if is_function(obj) or _is_module(obj):
         return obj
+    if isinstance(obj, TvmFfiKernel):
+        return unwrap(obj.function)
     if "tvm_ffi" not in sys.modules or isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
         return None
     for value in getattr(obj, "__dict__", {}).values():
@@ -55,7 +89,11 @@ def unwrap(obj: Any) -> Any:
 
 def make_kernel(name: str, function: Any, what: str = "kernel") -> "_C.FfiKernel":
     """The op's `_C.FfiKernel` for a `tvm_ffi.Function` (or an object that
-    wraps one); a TypeError naming the op for anything else."""
+    wraps one, or a TvmFfiKernel); a TypeError naming the op for anything
+    else, a module included."""
+    owned = isinstance(function, TvmFfiKernel) and function.owned_tensors
+    if _is_module(function) or (isinstance(function, TvmFfiKernel) and _is_module(function.function)):
+        _refuse_module(name, what, getattr(function, "function", function))
     function = unwrap(function) or function
     if not is_function(function):
         # Without tvm_ffi imported nothing can be one: say how to get it.
@@ -68,7 +106,8 @@ def make_kernel(name: str, function: Any, what: str = "kernel") -> "_C.FfiKernel
     if not _LIB:
         _LIB.append(tvm_ffi.libinfo.find_libtvm_ffi())
     label = getattr(function, "__name__", None) or ""  # a module's function has none
-    return _C.FfiKernel(name, label, function.__chandle__(), _LIB[0], bool(getattr(function, "release_gil", True)))
+    return _C.FfiKernel(name, label, function.__chandle__(), _LIB[0], bool(getattr(function, "release_gil", True)),
+                        owned)
 
 
 def kernels_of(name: str, kernel: Any, device_types: list[str] | None) -> dict:

@@ -82,7 +82,7 @@ TEST_F(AbiLayout, TheBackendAndTheLibraryKeepTheirLayout) {
   EXPECT_FIELD(OpforgeBackendV1, rollback, 32, void (*)(void*));
   EXPECT_FIELD(OpforgeBackendV1, warn, 40, void (*)(void*, const char*));
 
-  EXPECT_EQ(sizeof(OpforgeLibraryV1), 208u);
+  EXPECT_EQ(sizeof(OpforgeLibraryV1), 216u);
   EXPECT_FIELD(OpforgeLibraryV1, size, 0, uint32_t);
   EXPECT_FIELD(OpforgeLibraryV1, ns, 8, const char*);
   EXPECT_FIELD(OpforgeLibraryV1, impl_key, 16, const char*);
@@ -105,6 +105,8 @@ TEST_F(AbiLayout, TheBackendAndTheLibraryKeepTheirLayout) {
   EXPECT_FIELD(OpforgeLibraryV1, kernel_signatures, 184, const char* const*);
   EXPECT_FIELD(OpforgeLibraryV1, ffi_kernels, 192, const OpforgeFfiKernelV1*);
   EXPECT_FIELD(OpforgeLibraryV1, num_ffi_kernels, 200, size_t);
+  EXPECT_FIELD(OpforgeLibraryV1, ffi_kernel_flags, 208, const uint32_t*);
+  EXPECT_EQ(kOpforgeFfiOwnedTensors, 1);
 
   EXPECT_EQ(sizeof(OpforgeFfiKernelV1), 32u);
   EXPECT_FIELD(OpforgeFfiKernelV1, op, 0, const char*);

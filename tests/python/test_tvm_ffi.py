@@ -123,13 +123,42 @@ def test_an_optional_struct_reaches_the_function_as_its_presence_then_its_fields
 
 
 def test_a_function_taking_owned_tensors_gets_them_and_its_tensor_comes_back_without_a_copy(mod):
-    @opforge.op(fresh("ident"), kernel=mod.ident, fake=lambda x: torch.empty_like(x))
+    @opforge.op(fresh("ident"), kernel=opforge.TvmFfiKernel(mod.ident, owned_tensors=True),
+                fake=lambda x: torch.empty_like(x))
     def ident(x: Tensor) -> Tensor: ...
 
     x = torch.randn(5)
     y = ident(x)
     assert y.data_ptr() == x.data_ptr() and torch.equal(y, x)
     assert ident.overload(x).data_ptr() == x.data_ptr()
+
+
+def test_a_function_taking_owned_tensors_without_saying_so_is_an_error_naming_the_op_and_the_option(mod):
+    @opforge.op(fresh("ident"), kernel=mod.ident, fake=lambda x: torch.empty_like(x))
+    def ident(x: Tensor) -> Tensor: ...
+
+    x = torch.randn(5)
+    for call in (ident, ident.overload):
+        with pytest.raises(TypeError, match=rf"^{ident.name}: its TVM-FFI kernel takes owned tensors \(an ffi::Tensor "
+                                            r"parameter\), .* kernel=opforge\.TvmFfiKernel\(function, "
+                                            r"owned_tensors=True\), or declare the parameter ffi::TensorView"):
+            call(x)
+    # Told nothing, it is not told by a failed call either: no second try with owned tensors.
+    assert not opforge._ffi.make_kernel("ns::ident", mod.ident).owned_tensors
+    with pytest.raises(TypeError, match="takes owned tensors"):
+        ident(x)
+
+
+def test_each_leaf_s_way_to_the_function_is_planned_from_the_schema_when_the_kernel_is_registered(mod):
+    @opforge.op(fresh("planned"), mutates_args=("out",), kernel=mod.rms_norm)
+    def planned(out: Tensor, x: Tensor, w: Tensor, cfg: NormCfg, dt: Optional[torch.dtype] = None,
+                sizes: list[int] = (1,), mode: Mode = Mode.FAST) -> None: ...
+
+    k = opforge._ffi.make_kernel(planned.name, mod.rms_norm)
+    assert k.plan == []
+    registration = _C.register_ffi_kernel(k, "CPU")
+    assert k.plan == ["tensor", "tensor", "tensor", "float", "bool", "dtype?", "list of int", "str"]
+    del registration
 
 
 def test_a_kernel_allocates_its_output_with_torch_through_the_environment_allocator(mod):
@@ -157,10 +186,12 @@ def test_a_function_of_another_arity_keeps_tensor_views(mod):
 
 
 def test_a_tuple_comes_back_as_the_schema_returns_and_a_count_that_differs_is_an_error(mod):
-    @opforge.op(fresh("with_size"), kernel=mod.with_size, fake=lambda x: (torch.empty_like(x), x.numel()))
+    owned = opforge.TvmFfiKernel(mod.with_size, owned_tensors=True)
+
+    @opforge.op(fresh("with_size"), kernel=owned, fake=lambda x: (torch.empty_like(x), x.numel()))
     def with_size(x: Tensor) -> tuple[Tensor, int]: ...
 
-    @opforge.op(fresh("with_size3"), kernel=mod.with_size)
+    @opforge.op(fresh("with_size3"), kernel=owned)
     def three(x: Tensor) -> tuple[Tensor, int, int]: ...
 
     x = torch.arange(3.0)
@@ -201,6 +232,8 @@ def test_a_dtype_reaches_the_function_as_a_dl_data_type(mod):
 
     assert dtype_bits(torch.float16) == 16
     assert dtype_bits(torch.float64) == 64
+    assert [dtype_bits(t) for t in (torch.bfloat16, torch.bool, torch.int8, torch.uint8, torch.complex64)] == \
+        [16, 8, 8, 8, 64]
 
 
 def test_register_kernel_takes_a_tvm_ffi_function_for_one_device(mod):
@@ -382,6 +415,79 @@ def test_the_kernel_attribute_of_an_ffi_kernel_names_the_op(mod):
     assert isinstance(k, _C.FfiKernel) and k.op == "ns::f" and not k.owned_tensors
 
 
+def test_a_module_as_kernel_is_a_type_error_naming_the_op_and_the_module_s_functions(mod):
+    mod.rms_norm, mod.scale_out  # looked up: the module keeps them
+    with pytest.raises(TypeError, match=r"^ns::m: kernel= got a tvm_ffi\.Module, which holds several functions, "
+                                        r"not one\. Pass kernel=mod\.\w+; the module has: .*rms_norm, .*scale_out"):
+        @opforge.op("ns::m", mutates_args=("out",), kernel=mod)
+        def m(out: Tensor, x: Tensor, s: float) -> None: ...
+    assert not hasattr(torch.ops.ns, "m")
+
+    @opforge.op(fresh("scale"), mutates_args=("out",))
+    def scale(out: Tensor, x: Tensor, s: float) -> None:
+        out.copy_(x * s)
+
+    with pytest.raises(TypeError, match=rf"^{scale.name}: register_kernel got a tvm_ffi\.Module, .* Pass "
+                                        r"mod\.\w+; the module has: "):
+        scale.register_kernel("cpu", mod)
+    with pytest.raises(TypeError, match="tvm_ffi.Module"):
+        opforge._ffi.make_kernel("ns::m", opforge.TvmFfiKernel(mod, owned_tensors=True))
+
+
+def test_a_value_returned_for_an_op_that_returns_nothing_is_an_error_naming_the_op(mod):
+    @opforge.op(fresh("lost"), kernel=mod.add_ints)
+    def lost(a: int, b: int) -> None: ...
+
+    for call in (lost, lost.overload):
+        with pytest.raises(RuntimeError, match=rf"^{lost.name}: its TVM-FFI kernel returned an int, but the op's "
+                                               r"schema returns nothing \(-> \(\)\), so it would be lost\. "
+                                               r"Annotate the return \(-> Tensor\) or make the function return "
+                                               r"nothing \(void\)\.$"):
+            call(1, 2)
+
+
+def python_calls(fn, *args) -> list[str]:
+    """The Python functions that one call of `fn(*args)` runs, after a warm-up."""
+    fn(*args)
+    calls: list[str] = []
+
+    def profile(frame, event, _arg):
+        if event == "call":
+            calls.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        fn(*args)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_an_eager_call_that_needs_a_gradient_records_the_node_from_c_as_a_body_op_does(mod):
+    def backward(ctx, grad):
+        return grad * 2
+
+    @opforge.op(fresh("doubled"), kernel=mod.doubled, fake=lambda x: torch.empty_like(x), backward=backward)
+    def doubled(x: Tensor) -> Tensor: ...
+
+    @opforge.op(fresh("doubled_body"), backward=backward)
+    def doubled_body(x: Tensor) -> Tensor:
+        return x * 2
+
+    x = torch.arange(4.0, requires_grad=True)
+    assert python_calls(doubled, x) == []
+    assert python_calls(doubled_body, x) == ["test_tvm_ffi.py:doubled_body"]  # its body, nothing of opforge's
+    y = doubled(x)
+    assert y.grad_fn is not None and y.tolist() == [0.0, 2.0, 4.0, 6.0]
+    (grad,) = torch.autograd.grad((y * torch.arange(4.0)).sum(), x)
+    (body_grad,) = torch.autograd.grad((doubled_body(x) * torch.arange(4.0)).sum(), x)
+    assert grad.tolist() == body_grad.tolist() == [0.0, 2.0, 4.0, 6.0]
+    # Through torch.ops, the op's Autograd kernel gives the same.
+    ns, name = doubled.name.split("::")
+    (flat_grad,) = torch.autograd.grad(getattr(getattr(torch.ops, ns), name)(x).sum(), x)
+    assert flat_grad.tolist() == [2.0, 2.0, 2.0, 2.0]
+
+
 def run(body: str) -> str:
     """Runs `body` in a fresh process with the test kernels built; returns
     what it printed. The child must end normally."""
@@ -444,7 +550,7 @@ def test_a_kernel_that_throws_raises_its_error_type_naming_the_op_in_its_own_pro
 
 def test_a_missing_fake_under_compile_is_an_error_naming_the_op_in_its_own_process():
     out = run("""
-        @opforge.op("nofake::ident", kernel=mod.ident)
+        @opforge.op("nofake::ident", kernel=opforge.TvmFfiKernel(mod.ident, owned_tensors=True))
         def ident(x: Tensor) -> Tensor: ...
         f = torch.compile(lambda x: ident(x) + 1, backend="aot_eager", fullgraph=True)
         print(outcome(f, torch.ones(2)))

@@ -62,16 +62,62 @@ def test_a_kernel_error_names_the_op(ops):
         ops.rms_norm(torch.zeros(3), torch.zeros(3), torch.ones(3), cfg=opforge.structs.ffi_ext.NormCfg())
 
 
-def test_a_symbol_the_module_does_not_export_is_a_load_error_and_nothing_of_the_block_is_registered(built):
+def test_a_symbol_the_module_does_not_export_is_a_load_error_and_its_op_raises_it_when_called(built):
+    library = os.path.join(built, "libopforge_test_tvm_ffi_missing.so")
     with pytest.raises(RuntimeError, match=r"ffi_missing::gone: .*exports no TVM-FFI function 'no_such_function'.*"
                                            r"TVM_FFI_DLL_EXPORT_TYPED_FUNC\(no_such_function"):
-        opforge.load_library(os.path.join(built, "libopforge_test_tvm_ffi_missing.so"))
-    assert not hasattr(torch.ops.ffi_missing, "fine")
-    errors = " ".join(opforge.load_errors())
+        opforge.load_library(library)
+    errors = opforge.load_errors()
+    gone = next(e for e in errors if "ffi_missing::gone" in e)
+    assert gone.endswith("The op is defined; calling it raises this error."), gone
+    # The schema is there, the block's other op works, and the call says what the load said.
+    assert torch.ops.ffi_missing.fine(torch.zeros(3)) == 3
+    with pytest.raises(RuntimeError) as raised:
+        torch.ops.ffi_missing.gone(torch.zeros(3))
+    message = str(raised.value)
+    assert message.startswith("ffi_missing::gone: its TVM-FFI kernel 'no_such_function' was not found when "
+                              f"{library} loaded, so the op has no CompositeExplicitAutograd kernel. The load "
+                              "error: "), message
+    assert gone in message, message
+    text = " ".join(errors)
     assert ("ffi_undefined::nowhere: CompositeExplicitAutograd kernel: the op is not defined in this library block. "
-            "Define it with m.def(schema) in the block that gives its TVM-FFI kernel.") in errors, errors
-    assert ("ffi_no_module::f: its TVM-FFI kernel's module libno_such_module.so cannot be loaded (") in errors, errors
-    assert "Give the module's path, absolute or relative to this library's folder." in errors, errors
+            "Define it with m.def(schema) in the block that gives its TVM-FFI kernel.") in text, text
+    assert not hasattr(torch.ops.ffi_undefined, "nowhere")
+    assert ("ffi_no_module::f: its TVM-FFI kernel's module libno_such_module.so cannot be loaded (") in text, text
+    assert "Give the module's path, absolute or relative to this library's folder." in text, text
+    with pytest.raises(RuntimeError, match=r"^ffi_no_module::f: its TVM-FFI kernel 'count' was not found"):
+        torch.ops.ffi_no_module.f(torch.zeros(3))
+
+
+def test_torch_ops_load_library_of_a_missing_symbol_loads_and_the_call_raises_the_load_error(built):
+    # Its own process: torch.ops.load_library reports a block's errors on stderr only.
+    code = textwrap.dedent(f"""
+        import torch, opforge
+        torch.ops.load_library({os.path.join(built, "libopforge_test_tvm_ffi_missing.so")!r})
+        print(torch.ops.ffi_missing.fine(torch.zeros(2)))
+        try:
+            torch.ops.ffi_missing.gone(torch.zeros(2))
+        except RuntimeError as e:
+            print(type(e).__name__, [m for m in opforge.load_errors() if "ffi_missing::gone" in m][0] in str(e))
+            print(str(e).splitlines()[0])
+    """)
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr
+    fine, verdict, first = child.stdout.splitlines()[:3]
+    assert fine == "2" and verdict == "RuntimeError True", child.stdout
+    assert "ffi_missing::gone" in first and "no_such_function" in first and "libopforge_test_tvm_ffi_missing.so" in first
+    assert "exports no TVM-FFI function 'no_such_function'" in child.stderr, child.stderr
+
+
+def test_a_function_taking_owned_tensors_gets_them_from_its_type_schema_or_the_kernel_s_option(built):
+    opforge.load_library(os.path.join(built, "libopforge_test_tvm_ffi_owned.so"))
+    x = torch.zeros(2, 3)
+    assert torch.ops.ffi_owned.by_schema(x) == 6  # the module exports its type schema
+    assert torch.ops.ffi_owned.by_option(x) == 6  # opforge::TvmFfi(...).owned_tensors()
+    with pytest.raises(TypeError, match=r"^ffi_owned::untold: its TVM-FFI kernel owned_count takes owned tensors "
+                                        r"\(an ffi::Tensor parameter\), .*m\.impl\(\.\.\., opforge::TvmFfi\("
+                                        r"\"owned_count\", \.\.\.\)\.owned_tensors\(\)\)"):
+        torch.ops.ffi_owned.untold(x)
 
 
 STABLE = pytest.mark.skipif(not STABLE_BUILDS, reason=f"needs torch 2.10 (this is {torch.__version__}): a stable build")

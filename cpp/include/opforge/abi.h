@@ -75,6 +75,10 @@ typedef struct OpforgeFfiKernelV1 {
   const char* symbol; /* as TVM_FFI_DLL_EXPORT_TYPED_FUNC names it (exported as __tvm_ffi_<symbol>) */
 } OpforgeFfiKernelV1;
 
+/* Tensors reach the function as owned TVM-FFI Tensors (it takes
+ * `ffi::Tensor`), not DLTensor views: `opforge::TvmFfi(...).owned_tensors()`. */
+enum { kOpforgeFfiOwnedTensors = 1 };
+
 /* A tag whose text starts with this is one of torch's op tags, given to the
  * op itself ("torch.cudagraph_unsafe", no names), not to arguments. */
 #define OPFORGE_TORCH_TAG_PREFIX "torch."
@@ -129,6 +133,9 @@ typedef struct OpforgeLibraryV1 {
    * it end at `kernel_signatures` (see size). */
   const OpforgeFfiKernelV1* ffi_kernels;
   size_t num_ffi_kernels;
+  /* Per TVM-FFI kernel, kOpforgeFfi* bits. A later field: libraries built
+   * before it end at `num_ffi_kernels` (see size), and their kernels get none. */
+  const uint32_t* ffi_kernel_flags;
 } OpforgeLibraryV1;
 
 /* A C++ backward of a library on torch's stable ABI, which has no autograd:

@@ -69,6 +69,10 @@ class Commit {
     Publish();
   }
 
+  // The load errors of TVM-FFI kernels that could not be found: their ops
+  // are defined, and a call raises the error.
+  const std::vector<std::string>& unavailable() const { return unavailable_; }
+
   // Undoes what Run did before it failed.
   void Rollback() {
     for (auto it = layer_registrations_.rbegin(); it != layer_registrations_.rend(); ++it) torch_layer_->release(*it);
@@ -329,21 +333,29 @@ class Commit {
         throw Error(ErrorKind::kLookupError, op, Str(k.key) + " kernel", "the op is not defined in this library block.",
                     "Define it with m.def(schema) in the block that gives its TVM-FFI kernel.");
       }
-      layer_registrations_.push_back(Layer(op, Str(k.key) + " kernel")
-                                         ->register_ffi_kernel(op, Str(k.key), Str(k.module), Str(lib_.dso),
-                                                               Str(k.symbol)));
+      const bool has_flags = lib_.size >= offsetof(OpforgeLibraryV1, ffi_kernel_flags) + sizeof(lib_.ffi_kernel_flags);
+      TorchLayerFfiKernel kernel;
+      kernel.op = op;
+      kernel.key = Str(k.key);
+      kernel.module = Str(k.module);
+      kernel.library = Str(lib_.dso);
+      kernel.symbol = Str(k.symbol);
+      kernel.where = Where();
+      kernel.owned_tensors = has_flags && lib_.ffi_kernel_flags && (lib_.ffi_kernel_flags[i] & kOpforgeFfiOwnedTensors);
+      std::string unavailable;
+      layer_registrations_.push_back(Layer(op, kernel.key + " kernel")->register_ffi_kernel(kernel, &unavailable));
+      if (!unavailable.empty()) unavailable_.push_back(std::move(unavailable));
     }
   }
 
-  // opforge's torch layer, loaded for `op`'s `what` if nothing has loaded it.
-  const TorchLayerHooks* Layer(const std::string& op, const std::string& what) {
+  // opforge's torch layer, which whoever needs it has loaded: opforge._C,
+  // a library on libtorch's C++ API (linked), a stable-ABI block (its header).
+  const OpforgeTorchLayerV1* Layer(const std::string& op, const std::string& what) {
+    if (torch_layer_ == nullptr) torch_layer_ = TorchLayer();
     if (torch_layer_ == nullptr) {
-      std::string why;
-      torch_layer_ = TorchLayer(&why);
-      if (torch_layer_ == nullptr) {
-        throw Error(ErrorKind::kLookupError, op, what, "it needs opforge's torch layer: " + why + ".",
-                    "Load libopforge_torch.so (opforge/lib/) before this library, or import opforge.");
-      }
+      throw Error(ErrorKind::kLookupError, op, what,
+                  "it needs opforge's torch layer, which is not loaded (it is opforge/lib/ beside the core).",
+                  "import opforge, or load opforge's torch layer (opforge/lib/) before this library.");
     }
     return torch_layer_;
   }
@@ -437,7 +449,8 @@ class Commit {
   std::vector<std::string> warnings_;
   std::vector<std::string> specs_;
   std::vector<std::pair<std::string, std::string>> tagged_;
-  const TorchLayerHooks* torch_layer_ = nullptr;
+  const OpforgeTorchLayerV1* torch_layer_ = nullptr;
+  std::vector<std::string> unavailable_;  // TVM-FFI kernels registered as their load errors
   std::vector<void*> layer_registrations_;  // the torch layer's: TVM-FFI kernels, tagged defs
   std::map<std::string, std::vector<std::string>> op_tags_;  // op -> torch op tags ("cudagraph_unsafe")
   bool registered_ = false;
@@ -452,6 +465,7 @@ int32_t CommitLibrary(const OpforgeLibraryV1* lib, char* error, size_t error_siz
   std::string message;
   try {
     commit.Run();
+    for (const std::string& message : commit.unavailable()) LibraryRegistry::Global().AddLoadError({Str(lib->dso), message});
     return 0;
   } catch (const std::exception& e) {
     message = commit.Where() + ": " + e.what() + " Nothing of this block was registered.";

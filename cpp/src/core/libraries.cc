@@ -10,27 +10,26 @@ LibraryRegistry& LibraryRegistry::Global() {
   return *registry;
 }
 
-void LibraryRegistry::Listen(std::function<void(const LibraryOp&)> listener) {
+void LibraryRegistry::SetOnCommit(void (*on_commit)(const LibraryOp&)) {
   std::vector<LibraryOp> past;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [name, op] : ops_) past.push_back(op);
-    listeners_.push_back(listener);
+    on_commit_ = on_commit;
   }
-  for (const auto& op : past) listener(op);
+  for (const auto& op : past) on_commit(op);
 }
 
 void LibraryRegistry::Add(const std::vector<LibraryOp>& ops) {
-  std::vector<std::function<void(const LibraryOp&)>> listeners;
+  void (*on_commit)(const LibraryOp&);
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& op : ops) ops_[op.name] = op;
     ++generation_;
-    listeners = listeners_;
+    on_commit = on_commit_;
   }
-  for (const auto& op : ops) {
-    for (const auto& listener : listeners) listener(op);
-  }
+  if (on_commit == nullptr) return;
+  for (const auto& op : ops) on_commit(op);
 }
 
 std::optional<LibraryOp> LibraryRegistry::Find(const std::string& name) const {

@@ -2,12 +2,11 @@
 // block committed (through the C surface of opforge/abi.h), and the errors of
 // blocks that could not be committed.
 //
-//   LibraryRegistry::Global().Listen([](const LibraryOp& op) { ... });  // past and future ops
+//   LibraryRegistry::Global().Find("liba::rms_norm");   // {name, library, abi, ...}
 //   LibraryRegistry::Global().LoadErrors();  // [{library: "/x/libk.so", message: "..."}]
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -33,8 +32,9 @@ class LibraryRegistry {
  public:
   static LibraryRegistry& Global();
 
-  // Calls `listener` for every op committed so far, then for each later one.
-  void Listen(std::function<void(const LibraryOp&)> listener);
+  // Calls `on_commit` for every op committed so far, then for each later
+  // one: the torch layer's (core/torch_layer.h, SetTorchLayer), set once.
+  void SetOnCommit(void (*on_commit)(const LibraryOp&));
   void Add(const std::vector<LibraryOp>& ops);
   std::optional<LibraryOp> Find(const std::string& name) const;
   // Bumped whenever ops are added, so front ends know when to look again.
@@ -46,7 +46,7 @@ class LibraryRegistry {
  private:
   mutable std::mutex mu_;
   std::map<std::string, LibraryOp> ops_;
-  std::vector<std::function<void(const LibraryOp&)>> listeners_;
+  void (*on_commit_)(const LibraryOp&) = nullptr;
   std::vector<LoadError> errors_;
   uint64_t generation_ = 0;
 };

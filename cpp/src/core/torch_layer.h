@@ -1,37 +1,71 @@
-// What the core asks of opforge's torch layer (libopforge_torch, built for the
-// running torch) while it commits a library block: registering a kernel that
-// is a TVM-FFI function, and defining an op that carries torch op tags, the
-// same for both ABI modes. The torch layer sets
-// these when it loads; the core loads it from beside itself when a block
-// needs it and nothing has.
+// What opforge's torch layer (libopforge_torch, built for the running torch)
+// does for the core: one versioned table of the upward calls, handed to the
+// core once, as the torch layer loads. The same for both ABI modes. The core
+// never loads the torch layer itself: opforge._C and every library on
+// libtorch's C++ API link it, and a stable-ABI library whose block needs it
+// loads it from beside the core before it commits (opforge/detail/abi_access.h).
 //
-//   void* reg = TorchLayer()->register_ffi_kernel("mylib::op", "CPU", "/lib/mod.so", "/lib/libk.so", "op");
-//   TorchLayer()->release(reg);   // undoes it
+//   SetTorchLayer(&kLayer);                        // the torch layer, once, as it loads
+//   if (const OpforgeTorchLayerV1* layer = TorchLayer()) layer->release(registration);   // the core
+//
+// Like nanobind's nb_internals, the table is all the process state the two
+// share; each field says how it may be used from several threads.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/libraries.h"
+
 namespace opforge {
 
-struct TorchLayerHooks {
-  // Registers `symbol` of `module` (relative: beside `library`) as `op`'s
-  // kernel for dispatch key `key`; returns the registration. Throws
-  // std::exception with a message naming the op and the fix.
-  void* (*register_ffi_kernel)(const std::string& op, const std::string& key, const std::string& module,
-                               const std::string& library, const std::string& symbol);
-  // Undoes a registration.
+// One `m.impl(op, key, opforge::TvmFfi(symbol, module))` of a block.
+struct TorchLayerFfiKernel {
+  std::string op;       // "mylib::rms_norm"
+  std::string key;      // a dispatch key name: "CPU"
+  std::string module;   // the module .so; a relative path is found beside `library`
+  std::string library;  // the kernel library's path
+  std::string symbol;   // as TVM_FFI_DLL_EXPORT_TYPED_FUNC names it
+  std::string where;    // the block, for messages: "libk.so: OPFORGE_LIBRARY(mylib) at k.cc:12"
+  bool owned_tensors = false;  // opforge::TvmFfi(...).owned_tensors()
+};
+
+constexpr uint32_t kTorchLayerVersion = 1;
+
+struct OpforgeTorchLayerV1 {
+  // kTorchLayerVersion and sizeof(OpforgeTorchLayerV1) of the torch layer's
+  // build: the core takes only a table it knows.
+  uint32_t version;
+  uint32_t size;
+  // The functions below may be called from any thread at once and take their
+  // own locks; the core holds none of its locks while it calls them. Each
+  // throws std::exception with a message that names the op and the fix.
+  //
+  // Registers `kernel.symbol` of its module as `kernel.op`'s kernel for
+  // `kernel.key`; returns the registration. Where the module or the symbol
+  // cannot be found, registers a kernel that raises instead, sets
+  // `*unavailable` to the load error (naming the op, the symbol and the
+  // library) and still returns the registration: the op stays defined.
+  void* (*register_ffi_kernel)(const TorchLayerFfiKernel& kernel, std::string* unavailable);
+  // Undoes a registration of register_ffi_kernel or define_tagged.
   void (*release)(void* registration);
   // Defines `schema` ("mylib::op(Tensor x) -> Tensor") with torch op tags by
   // name ("cudagraph_unsafe": also the capture guard, docs/cuda_graphs.md);
-  // returns the registration. Throws std::exception naming the op.
+  // returns the registration.
   void* (*define_tagged)(const std::string& schema, const std::vector<std::string>& tags);
+  // Called once for each op a block committed: for the ops committed before
+  // the table was handed, as it is handed, then for each later one after its
+  // block commits. Calls for two blocks committing at once may overlap.
+  void (*on_commit)(const LibraryOp& op);
 };
 
-void SetTorchLayerHooks(const TorchLayerHooks& hooks);
+// Hands the core the torch layer's table, which must live for the rest of
+// the process; false, and nothing changes, for a version the core does not
+// know or when a table was already handed. Thread-safe.
+bool SetTorchLayer(const OpforgeTorchLayerV1* layer);
 
-// The torch layer's hooks, loading libopforge_torch.so from beside the core
-// if it is not loaded yet; null with `why` set when it cannot be loaded.
-const TorchLayerHooks* TorchLayer(std::string* why);
+// The torch layer's table, or null while none has been handed. Thread-safe.
+const OpforgeTorchLayerV1* TorchLayer();
 
 }  // namespace opforge

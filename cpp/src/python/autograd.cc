@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "python/boundary.h"
+#include "python/ffi.h"
 #include "torch/autograd_kernels.h"
 #include "torch/cpp_autograd.h"
 #include "torch/ivalues.h"
@@ -597,7 +598,12 @@ struct FlatOutputs {
 
 }  // namespace
 
-PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* args, PyObject* const* tensors) {
+namespace {
+
+// CallWithGrad, with `run` calling the kernel below autograd: the op's
+// output, a new reference, or null with a Python error set.
+template <class Run>
+PyObject* RecordCall(GradBridge& bridge, PyObject* const* args, PyObject* const* tensors, Run run) {
   try {
     Boundary& boundary = bridge.boundary();
     auto node = MakeNode<OpNode>(bridge.shared_from_this());
@@ -621,14 +627,10 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
       // As autograd.Function runs its forward: without grad, the body below autograd.
       torch::autograd::AutoGradMode no_grad(false);
       at::AutoFwGradMode no_fw_grad(false);
-      PyObject* result;
       {
         BelowAutograd below(bridge.mutates());
-        result = PyObject_Vectorcall(kernel, args, boundary.num_positional(), boundary.body_kwnames());
+        out = owned.Add(run());
       }
-      if (result == nullptr) return boundary.KernelFailed(args);
-      out = owned.Add(boundary.CheckReturn(result, {tensors, boundary.num_tensor_slots(), {}}));
-      Py_DECREF(result);
       if (out == nullptr) return nullptr;
       if (setup != nullptr) {
         PyObject* original = owned.Add(
@@ -687,6 +689,23 @@ PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* ar
     torch::translate_exception_to_python(std::current_exception());
   }
   return nullptr;
+}
+
+}  // namespace
+
+PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* args, PyObject* const* tensors) {
+  Boundary& boundary = bridge.boundary();
+  return RecordCall(bridge, args, tensors, [&]() -> PyObject* {
+    PyObject* result = PyObject_Vectorcall(kernel, args, boundary.num_positional(), boundary.body_kwnames());
+    if (result == nullptr) return boundary.KernelFailed(args);
+    PyObject* out = boundary.CheckReturn(result, {tensors, boundary.num_tensor_slots(), {}});
+    Py_DECREF(result);
+    return out;
+  });
+}
+
+PyObject* CallWithGrad(GradBridge& bridge, const PyFfiKernel* kernel, PyObject* const* args, PyObject* const* tensors) {
+  return RecordCall(bridge, args, tensors, [&] { return CallFfi(*kernel, bridge.boundary(), args); });
 }
 
 namespace {

@@ -17,6 +17,7 @@
 namespace opforge {
 
 class GradBridge;
+struct PyFfiKernel;
 
 // The bridge inside a Python object made by _C.AutogradBridge, or null.
 GradBridge* AsGradBridge(PyObject* obj);
@@ -26,6 +27,8 @@ GradBridge* AsGradBridge(PyObject* obj);
 // node. `tensors` are the tensor leaves as the boundary found them. A new
 // reference to the original output, or null with a Python error set.
 PyObject* CallWithGrad(GradBridge& bridge, PyObject* kernel, PyObject* const* args, PyObject* const* tensors);
+// The same with the op's TVM-FFI kernel, called from C (CallFfi).
+PyObject* CallWithGrad(GradBridge& bridge, const PyFfiKernel* kernel, PyObject* const* args, PyObject* const* tensors);
 
 void InitAutograd(pybind11::module_& m);
 

@@ -1,6 +1,7 @@
 // _C.FfiKernel and _C.register_ffi_kernel (ffi.h).
 #include "python/ffi.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <string>
@@ -46,34 +47,73 @@ PyObject* CallFfi(const PyFfiKernel& k, Boundary& boundary, PyObject* const* con
   return boundary.RebuildOutput(flat.items.data());
 }
 
+namespace {
+
+const char* WayName(LeafWay way) {
+  switch (way) {
+    case LeafWay::kTensor: return "tensor";
+    case LeafWay::kInt: return "int";
+    case LeafWay::kFloat: return "float";
+    case LeafWay::kBool: return "bool";
+    case LeafWay::kStr: return "str";
+    case LeafWay::kDataType: return "dtype";
+    case LeafWay::kDevice: return "device";
+    case LeafWay::kList: return "list";
+    case LeafWay::kByTag: return "by value";
+  }
+  return "?";
+}
+
+}  // namespace
+
 void InitFfi(py::module_& m) {
   py::class_<PyFfiKernel>(m, "FfiKernel", "A TVM-FFI function as an op's kernel.")
       .def(py::init([](const std::string& op, const std::string& name, uintptr_t handle, const std::string& lib,
-                       bool release_gil) {
+                       bool release_gil, bool owned_tensors) {
              std::string error;
              const OpforgeFfiApi* api = LoadFfiApi(lib, &error);
              if (api == nullptr) throw py::import_error(op + ": " + error);
+             FfiKernelOptions options;
+             options.owned_tensors = owned_tensors;
+             options.owned_tensors_hint = "kernel=opforge.TvmFfiKernel(function, owned_tensors=True)";
              auto* k = new PyFfiKernel;
-             k->kernel = std::make_shared<FfiKernel>(op, name, reinterpret_cast<void*>(handle), api);
+             k->kernel = std::make_shared<FfiKernel>(op, name, reinterpret_cast<void*>(handle), api, std::move(options));
              k->release_gil = release_gil;
              return k;
            }),
-           py::arg("op"), py::arg("name"), py::arg("handle"), py::arg("lib"), py::arg("release_gil"))
+           py::arg("op"), py::arg("name"), py::arg("handle"), py::arg("lib"), py::arg("release_gil"),
+           py::arg("owned_tensors") = false)
       .def_property_readonly("op", [](const PyFfiKernel& k) { return k.kernel->op(); })
       .def_property_readonly("name", [](const PyFfiKernel& k) { const std::string& n = k.kernel->function_name(); return n.empty() ? n : n.substr(1); })
       .def_property_readonly("owned_tensors", [](const PyFfiKernel& k) { return k.kernel->owned_tensors(); },
                              "Whether tensors reach the function as owned ffi::Tensors (it takes ffi::Tensor) "
-                             "rather than DLTensor views; known after the first call.");
+                             "rather than DLTensor views; decided when the kernel is made.")
+      .def_property_readonly(
+          "plan",
+          [](const PyFfiKernel& k) {
+            std::vector<std::string> out;
+            for (const LeafPlan& p : k.kernel->plan()) {
+              std::string way = WayName(p.way);
+              if (p.way == LeafWay::kList) way += std::string(" of ") + WayName(p.item);
+              out.push_back(p.optional ? way + "?" : way);
+            }
+            return out;
+          },
+          "How each flat argument travels, read from the op's schema when the kernel was registered: "
+          "['tensor', 'tensor', 'float', 'bool?', 'list of int'].");
   // Returns _C.KernelRegistration, as the op's other kernels do.
   m.def(
       "register_ffi_kernel",
       [](PyFfiKernel& k, const std::string& key) {
         auto kernel = k.kernel;
+        auto op = c10::Dispatcher::singleton().findSchema({kernel->op(), ""});
+        if (op) kernel->Plan(op->schema());
         return RegisterBoxed(kernel->op(), {c10::parseDispatchKey(key)},
                              [&] { return MakeFfiDispatcherKernel(kernel); });
       },
       py::arg("kernel"), py::arg("dispatch_key"),
-      "Registers the kernel as its op's dispatcher kernel for `dispatch_key` (no Python on the call).");
+      "Registers the kernel as its op's dispatcher kernel for `dispatch_key` (no Python on the call), "
+      "planning how each of the op's flat arguments travels.");
 }
 
 }  // namespace opforge

@@ -155,7 +155,7 @@ struct OpObject {
   PyObject* autograd;  // the op's _C.AutogradBridge, or null
   GradBridge* bridge;  // the bridge inside `autograd`
   PyObject* fallback;  // the class's Python __call__, for what the boundary cannot bind
-  bool has_backward;   // eager calls that need a gradient may take the bridge
+  bool has_backward;   // eager calls of a body that need a gradient may take the bridge (a TVM-FFI kernel does whenever there is one)
   // Ops whose kernels torch calls (C++ libraries): the eager path calls the
   // dispatcher from here, as torch.ops would, without the Python flatten.
   c10::OperatorHandle* dispatcher_op;
@@ -176,6 +176,7 @@ enum class Route {
   kBody,           // the body runs directly
   kBodyWithGrad,   // the body runs directly and the op's graph node is recorded
   kFfi,            // the op's TVM-FFI kernel is called from C with the flat leaves
+  kFfiWithGrad,    // the same, and the op's graph node is recorded
 };
 
 // Bumps the versions of the tensors the op writes, as the op's
@@ -204,10 +205,16 @@ Route ChooseRoute(OpObject* op, PyObject** tensors, PyObject** kernel, PyFfiKern
   const int mode = FastPathMode(tensors, b.num_tensor_slots(), &device);
   if (mode < 0) return Route::kDispatcher;
   if (op->capture_guarded && LeavesCaptureUnderway(tensors, b.num_tensor_slots())) return Route::kDispatcher;
-  if (mode == 0) {
+  {
     const size_t d = static_cast<size_t>(device);
     *ffi = op->ffi[d] != nullptr ? op->ffi[d] : op->kernels[d] == nullptr ? op->ffi_default : nullptr;
-    if (*ffi != nullptr) return BumpWritten(b, tensors) ? Route::kFfi : Route::kDispatcher;
+  }
+  if (*ffi != nullptr) {
+    // With a gradient to record, the op's graph node (its backward's bridge)
+    // around the same call from C; without a backward, torch's Autograd kernel.
+    if (mode == 1 && op->bridge == nullptr) return Route::kDispatcher;
+    if (!BumpWritten(b, tensors)) return Route::kDispatcher;
+    return mode == 1 ? Route::kFfiWithGrad : Route::kFfi;
   }
   // A Python kernel for the device (register_kernel) runs directly, as for a
   // Python op; a C++ op's kernels, autograd and version bumps are torch's.
@@ -352,6 +359,8 @@ PyObject* CallOp(OpObject* op, PyObject* self, PyObject* const* args, Py_ssize_t
     }
     case Route::kBodyWithGrad:
       return CallWithGrad(*op->bridge, kernel, out, tensors);
+    case Route::kFfiWithGrad:
+      return CallWithGrad(*op->bridge, ffi, out, tensors);
     case Route::kDispatcher:
       break;
   }

@@ -146,6 +146,8 @@ bool HasAutogradKernel(const c10::OperatorHandle& op) {
   return std::any_of(std::begin(keys), std::end(keys), [&](auto key) { return op.hasKernelForDispatchKey(key); });
 }
 
+}  // namespace
+
 // What a C++ library's op gets from the torch layer once its block commits:
 // version bumps for the tensors it writes, and, without a backward, the error
 // a Python op without one gives (docs/cpp_ops.md#autograd).
@@ -168,10 +170,6 @@ void OnLibraryOp(const LibraryOp& lib_op) {
     NoBackwardKernels()[lib_op.name] = RegisterNoBackwardKernel(lib_op.name, message, /*cpp_library=*/true);
   }
 }
-
-const bool kListening = (LibraryRegistry::Global().Listen(&OnLibraryOp), true);
-
-}  // namespace
 
 void RedispatchBelowAutograd(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack,
                              bool mutates) {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "core/libraries.h"
 #include "torch/registration.h"
 
 namespace opforge {
@@ -54,6 +55,11 @@ void RedispatchBelowAutograd(const c10::OperatorHandle& op, c10::DispatchKeySet 
 // gets its own when its block commits, which skips inference tensors as a
 // TORCH_LIBRARY op that bumps nothing would.)
 std::unique_ptr<KernelRegistration> RegisterInplaceKernel(const std::string& qualname);
+
+// What an op of a C++ library gets from the torch layer once its block
+// commits (the torch layer's on_commit, core/torch_layer.h): version bumps
+// for what it writes, its stable-ABI backward wired, or the no-backward error.
+void OnLibraryOp(const LibraryOp& op);
 
 // Drops the no-backward kernel the torch layer gave an op of a C++ library,
 // so that a backward registered from Python can take its place. False when

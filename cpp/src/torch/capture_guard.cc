@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <dlfcn.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <stdexcept>
@@ -74,6 +75,22 @@ bool BreakIfCapturing(const c10::OperatorHandle& op, c10::DispatchKeySet below, 
   return handler(op, below, stack);
 }
 
+void* CudaStreamHandle(const c10::Stream& stream) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
+  return stream.native_handle();
+#else
+  // A c10::cuda::CUDAStream holds only its c10::Stream, so the Stream is the
+  // `this` of CUDAStream::stream() const.
+  using StreamFn = void* (*)(const c10::Stream*);
+  static const StreamFn fn = [] {
+    void* lib = dlopen("libc10_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+    return lib == nullptr ? nullptr : reinterpret_cast<StreamFn>(dlsym(lib, "_ZNK3c104cuda10CUDAStream6streamEv"));
+  }();
+  TORCH_CHECK(fn != nullptr, "opforge: libc10_cuda.so is not loaded, so the CUDA stream's handle is unknown");
+  return fn(&stream);
+#endif
+}
+
 bool CaptureUnderway(c10::Device device) {
   const int probe = g_probe.load(std::memory_order_relaxed);
   if (probe >= 0) return probe == 1;
@@ -82,7 +99,7 @@ bool CaptureUnderway(c10::Device device) {
   if (is_capturing == nullptr) return false;
   const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device);
   int status = 0;
-  const int result = is_capturing(stream.native_handle(), &status);
+  const int result = is_capturing(CudaStreamHandle(stream), &status);
   // The legacy stream while another stream captures globally: launching
   // here would invalidate that capture, so it counts as one.
   if (result == kCudaErrorStreamCaptureImplicit) return true;

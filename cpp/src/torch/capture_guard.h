@@ -25,6 +25,12 @@ namespace opforge {
 // other devices: false (unless a test set the probe).
 bool CaptureUnderway(c10::Device device);
 
+// The cudaStream_t of a CUDA c10::Stream. c10::Stream::native_handle() came
+// with torch 2.11; on 2.9 and 2.10 it is c10::cuda::CUDAStream::stream() from
+// libc10_cuda.so (loaded wherever a CUDA stream exists), found with dlsym so
+// that opforge needs no CUDA headers.
+void* CudaStreamHandle(const c10::Stream& stream);
+
 // Whether `t`'s device decides if a call is captured: a CUDA tensor (or,
 // with the test probe set, any tensor but a meta one).
 bool DecidesCapture(const at::Tensor& t);

@@ -15,6 +15,7 @@
 #include "core/torch_layer.h"
 #include "torch/registration.h"
 
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <stdexcept>
@@ -171,11 +172,13 @@ const OpforgeFfiApi* LoadFfiApi(void* lib, const std::string& path, std::string*
   return &api;
 }
 
-FfiKernel::FfiKernel(std::string op, std::string function_name, void* function, const OpforgeFfiApi* api)
+FfiKernel::FfiKernel(std::string op, std::string function_name, void* function, const OpforgeFfiApi* api,
+                     FfiKernelOptions options)
     : op_(std::move(op)),
       function_name_(function_name.empty() ? std::string() : " " + function_name),
       function_(function),
-      api_(api) {
+      api_(api),
+      options_(std::move(options)) {
   api_->object_inc_ref(function_);
 }
 
@@ -183,10 +186,99 @@ FfiKernel::~FfiKernel() {
   if (!g_exiting) api_->object_dec_ref(function_);
 }
 
+LeafPlan PlanLeaf(const c10::TypePtr& type) {
+  LeafPlan plan;
+  c10::TypePtr real = type;
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    plan.optional = true;
+    real = opt->getElementType();
+  }
+  switch (real->kind()) {
+    case c10::TypeKind::TensorType:
+      plan.way = LeafWay::kTensor;
+      break;
+    // Layout and MemoryFormat travel as their int values, as the IValue holds them.
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:  // an int in a call; a symbol goes by its tag, to its error
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::MemoryFormatType:
+      plan.way = LeafWay::kInt;
+      break;
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType:
+      plan.way = LeafWay::kFloat;
+      break;
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::SymBoolType:
+      plan.way = LeafWay::kBool;
+      break;
+    case c10::TypeKind::StringType:
+      plan.way = LeafWay::kStr;
+      break;
+    case c10::TypeKind::ScalarTypeType:
+      plan.way = LeafWay::kDataType;
+      break;
+    case c10::TypeKind::DeviceObjType:
+      plan.way = LeafWay::kDevice;
+      break;
+    case c10::TypeKind::ListType:
+      plan.way = LeafWay::kList;
+      plan.item = PlanLeaf(real->castRaw<c10::ListType>()->getElementType()).way;
+      break;
+    default:  // Scalar (an int, a double, a complex, ...): what the value holds
+      plan.way = LeafWay::kByTag;
+      break;
+  }
+  return plan;
+}
+
+void FfiKernel::Plan(const c10::FunctionSchema& schema) {
+  // Every call asks: an acquire load once planned (call_once costs more per call).
+  if (planned_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(plan_mu_);
+  if (planned_.load(std::memory_order_relaxed)) return;
+  for (const c10::Argument& arg : schema.arguments()) {
+    plan_.push_back(PlanLeaf(arg.real_type()));
+    num_tensor_leaves_ += plan_.back().way == LeafWay::kTensor ? 1 : 0;
+  }
+  planned_.store(true, std::memory_order_release);
+}
+
 namespace {
 
-// How one call's arguments become Anys: tensors as DLTensor views (or owned
-// TVM-FFI Tensors), lists as TVM-FFI Arrays.
+// DLPack's code of every torch dtype, read once from torch's own
+// conversion (at::getDLDataType): a ScalarType argument then costs a lookup.
+struct DataTypeTable {
+  std::array<DLDataType, static_cast<size_t>(c10::ScalarType::NumOptions)> types{};
+  std::array<bool, static_cast<size_t>(c10::ScalarType::NumOptions)> known{};
+};
+
+const DataTypeTable& DataTypes() {
+  static const DataTypeTable table = [] {
+    DataTypeTable t;
+    for (size_t i = 0; i < t.types.size(); ++i) {
+      try {
+        const auto options = at::TensorOptions().dtype(static_cast<c10::ScalarType>(i)).device(c10::kMeta);
+        t.types[i] = at::getDLDataType(at::empty({0}, options));
+        t.known[i] = true;
+      } catch (const std::exception&) {  // no DLPack code (a quantized dtype, ...): torch's error at the call
+      }
+    }
+    return t;
+  }();
+  return table;
+}
+
+DLDataType DataTypeOf(int64_t scalar_type) {
+  const DataTypeTable& table = DataTypes();
+  if (scalar_type >= 0 && static_cast<size_t>(scalar_type) < table.types.size() && table.known[scalar_type]) {
+    return table.types[scalar_type];
+  }
+  return at::getDLDataType(at::empty({0}, at::TensorOptions().dtype(static_cast<c10::ScalarType>(scalar_type))));
+}
+
+// How one call's arguments become Anys, each as its leaf's plan says:
+// tensors as DLTensor views (or owned TVM-FFI Tensors), lists as TVM-FFI Arrays.
 class ArgWriter {
  public:
   ArgWriter(const FfiKernel& kernel, const OpforgeFfiApi& api, bool owned, size_t num_tensors)
@@ -194,48 +286,37 @@ class ArgWriter {
     views_.reserve(num_tensors);  // the Anys point into it
   }
 
-  OpforgeFfiAny Write(const c10::Argument& arg, const c10::IValue& v) {
+  OpforgeFfiAny Write(const c10::Argument& arg, const LeafPlan& plan, const c10::IValue& v) {
     if (v.isNone()) return None();
-    if (v.isTensor()) return Tensor(arg, v.toTensor());
-    if (v.isInt()) {
-      if (arg.real_type()->kind() == c10::TypeKind::ScalarTypeType) {
-        OpforgeFfiAny a{};
-        a.type_index = kFfiDataType;
-        const DLDataType dt = at::getDLDataType(at::empty({0}, at::TensorOptions().dtype(
-                                                                   static_cast<c10::ScalarType>(v.toInt()))));
-        a.v_dtype = {dt.code, dt.bits, dt.lanes};
-        return a;
-      }
-      return Int(v.toInt());
+    switch (plan.way) {
+      case LeafWay::kTensor:
+        if (v.isTensor()) return Tensor(arg, v.toTensor());
+        break;
+      case LeafWay::kInt:
+        if (v.isInt()) return Int(v.toInt());
+        break;
+      case LeafWay::kFloat:
+        if (v.isDouble()) return Float(v.toDouble());
+        break;
+      case LeafWay::kBool:
+        if (v.isBool()) return Bool(v.toBool());
+        break;
+      case LeafWay::kStr:
+        if (v.isString()) return Str(v.toStringRef());
+        break;
+      case LeafWay::kDataType:
+        if (v.isInt()) return DataType(v.toInt());
+        break;
+      case LeafWay::kDevice:
+        if (v.isDevice()) return Device(v.toDevice());
+        break;
+      case LeafWay::kList:
+        if (v.isList()) return List(arg, LeafPlan{plan.item, true, LeafWay::kByTag}, v.toListRef());
+        break;
+      case LeafWay::kByTag:
+        break;
     }
-    if (v.isDouble()) {
-      OpforgeFfiAny a{};
-      a.type_index = kFfiFloat;
-      a.v_float64 = v.toDouble();
-      return a;
-    }
-    if (v.isBool()) {
-      OpforgeFfiAny a{};
-      a.type_index = kFfiBool;
-      a.v_int64 = v.toBool() ? 1 : 0;
-      return a;
-    }
-    if (v.isString()) {
-      OpforgeFfiAny a{};
-      a.type_index = kFfiRawStr;
-      a.v_c_str = v.toStringRef().c_str();
-      return a;
-    }
-    if (v.isDevice()) {
-      OpforgeFfiAny a{};
-      a.type_index = kFfiDevice;
-      a.v_device = {DeviceTypeOf(v.toDevice()), v.toDevice().has_index() ? v.toDevice().index() : 0};
-      return a;
-    }
-    if (v.isList()) return List(arg, v.toListRef());
-    TORCH_CHECK(false, kernel_.op(), ": argument '", arg.name(), "' is a ", v.tagKind(),
-                ", which opforge does not pass to a TVM-FFI kernel. Pass it as one of the types listed in "
-                "docs/tvm_ffi.md#argument-types.");
+    return ByTag(arg, v);
   }
 
   // The device of the first CUDA tensor written, or -1.
@@ -243,7 +324,58 @@ class ArgWriter {
   Temporaries& temps() { return temps_; }
 
  private:
-  int32_t DeviceTypeOf(const c10::Device& d) const {
+  // A value the plan does not name (a SymInt leaf's int, a Scalar's double),
+  // as its IValue's tag says.
+  OpforgeFfiAny ByTag(const c10::Argument& arg, const c10::IValue& v) {
+    if (v.isTensor()) return Tensor(arg, v.toTensor());
+    if (v.isInt()) return Int(v.toInt());
+    if (v.isDouble()) return Float(v.toDouble());
+    if (v.isBool()) return Bool(v.toBool());
+    if (v.isString()) return Str(v.toStringRef());
+    if (v.isDevice()) return Device(v.toDevice());
+    if (v.isList()) return List(arg, LeafPlan{}, v.toListRef());
+    TORCH_CHECK(false, kernel_.op(), ": argument '", arg.name(), "' is a ", v.tagKind(),
+                ", which opforge does not pass to a TVM-FFI kernel. Pass it as one of the types listed in "
+                "docs/tvm_ffi.md#argument-types.");
+  }
+
+  static OpforgeFfiAny Float(double v) {
+    OpforgeFfiAny a{};
+    a.type_index = kFfiFloat;
+    a.v_float64 = v;
+    return a;
+  }
+
+  static OpforgeFfiAny Bool(bool v) {
+    OpforgeFfiAny a{};
+    a.type_index = kFfiBool;
+    a.v_int64 = v ? 1 : 0;
+    return a;
+  }
+
+  static OpforgeFfiAny Str(const std::string& v) {
+    OpforgeFfiAny a{};
+    a.type_index = kFfiRawStr;
+    a.v_c_str = v.c_str();
+    return a;
+  }
+
+  static OpforgeFfiAny DataType(int64_t scalar_type) {
+    OpforgeFfiAny a{};
+    a.type_index = kFfiDataType;
+    const DLDataType dt = DataTypeOf(scalar_type);
+    a.v_dtype = {dt.code, dt.bits, dt.lanes};
+    return a;
+  }
+
+  static OpforgeFfiAny Device(const c10::Device& d) {
+    OpforgeFfiAny a{};
+    a.type_index = kFfiDevice;
+    a.v_device = {DeviceTypeOf(d), d.has_index() ? d.index() : 0};
+    return a;
+  }
+
+  static int32_t DeviceTypeOf(const c10::Device& d) {
     switch (d.type()) {
       case c10::DeviceType::CPU:
         return kDLCPU;
@@ -290,7 +422,7 @@ class ArgWriter {
     d.data = t.data_ptr();
     d.device = {static_cast<DLDeviceType>(device_type), static_cast<int32_t>(t.is_cpu() ? 0 : t.device().index())};
     d.ndim = static_cast<int32_t>(t.dim());
-    d.dtype = at::getDLDataType(t);
+    d.dtype = DataTypeOf(static_cast<int64_t>(t.scalar_type()));
     d.shape = const_cast<int64_t*>(t.sizes().data());
     d.strides = const_cast<int64_t*>(t.strides().data());
     d.byte_offset = 0;
@@ -300,9 +432,9 @@ class ArgWriter {
     return a;
   }
 
-  // A list as a TVM-FFI Array; its tensors as owned Tensors (an Array holds
-  // what it stores).
-  OpforgeFfiAny List(const c10::Argument& arg, c10::ArrayRef<c10::IValue> items) {
+  // A list as a TVM-FFI Array of its items, each as `item` says; its
+  // tensors as owned Tensors (an Array holds what it stores).
+  OpforgeFfiAny List(const c10::Argument& arg, const LeafPlan& item, c10::ArrayRef<c10::IValue> items) {
     void* ctor = ArrayConstructor(api_);
     TORCH_CHECK(ctor != nullptr, kernel_.op(), ": argument '", arg.name(),
                 "' is a list, and this TVM-FFI runtime has no ffi.Array to pass it as.");
@@ -310,7 +442,7 @@ class ArgWriter {
     owned_ = true;
     std::vector<OpforgeFfiAny> elems;
     elems.reserve(items.size());
-    for (const c10::IValue& item : items) elems.push_back(Write(arg, item));
+    for (const c10::IValue& v : items) elems.push_back(Write(arg, item, v));
     owned_ = was_owned;
     OpforgeFfiAny result = None();
     if (api_.function_call(ctor, elems.data(), static_cast<int32_t>(elems.size()), &result) != 0) {
@@ -335,12 +467,6 @@ c10::ArrayRef<OpforgeFfiAny> ArrayItems(const OpforgeFfiAny& array) {
   auto* cell =
       reinterpret_cast<const OpforgeFfiSeqCell*>(static_cast<const char*>(array.v_ptr) + sizeof(OpforgeFfiObject));
   return {static_cast<const OpforgeFfiAny*>(cell->data), static_cast<size_t>(cell->size)};
-}
-
-size_t CountTensors(c10::ArrayRef<c10::IValue> args) {
-  size_t n = 0;
-  for (const c10::IValue& v : args) n += v.isTensor() ? 1 : 0;
-  return n;
 }
 
 const char* KindName(int32_t type_index) {
@@ -412,64 +538,80 @@ c10::IValue ReadReturn(const FfiKernel& kernel, const OpforgeFfiApi& api, const 
   }
 }
 
+// Whether TVM-FFI's TypeError says a parameter wanted an owned Tensor and
+// got a view: "... Expected `ffi.Tensor` but got `DLTensor*`" (or
+// `Optional<ffi.Tensor>`).
+bool WantsOwnedTensor(const std::string& message) {
+  const size_t got = message.find("` but got `DLTensor*`");
+  if (got == std::string::npos) return false;
+  const size_t expected = message.rfind("Expected `", got);
+  return expected != std::string::npos && message.substr(expected, got - expected).find("ffi.Tensor") != std::string::npos;
+}
+
 }  // namespace
 
 void FfiKernel::Call(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
                      std::vector<c10::IValue>& out) {
   const auto& params = schema.arguments();
   TORCH_INTERNAL_ASSERT(params.size() == args.size());
-  for (int attempt = 0;; ++attempt) {
-    ArgWriter writer(*this, *api_, owned_tensors_, CountTensors(args));
-    c10::SmallVector<OpforgeFfiAny, 16> anys;
-    for (size_t i = 0; i < args.size(); ++i) anys.push_back(writer.Write(params[i], args[i]));
-    // The kernel runs on torch's current stream, as TVM-FFI's own torch glue sets it.
-    void* previous = nullptr;
-    const int cuda = writer.cuda_device();
-    if (cuda >= 0) {
-      const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(cuda));
-      void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
-      api_->env_set_stream(kDLCUDA, cuda, stream, &previous);
+  Plan(schema);  // a kernel no registration planned (one set on an op directly)
+  TORCH_INTERNAL_ASSERT(plan_.size() == args.size(), op_, ": its TVM-FFI kernel was planned for ", plan_.size(),
+                        " arguments, not ", args.size());
+  ArgWriter writer(*this, *api_, options_.owned_tensors, num_tensor_leaves_);
+  c10::SmallVector<OpforgeFfiAny, 16> anys;
+  for (size_t i = 0; i < args.size(); ++i) anys.push_back(writer.Write(params[i], plan_[i], args[i]));
+  // The kernel runs on torch's current stream, as TVM-FFI's own torch glue sets it.
+  void* previous = nullptr;
+  const int cuda = writer.cuda_device();
+  if (cuda >= 0) {
+    const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(cuda));
+    void* stream = CudaStreamHandle(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device));
+    api_->env_set_stream(kDLCUDA, cuda, stream, &previous);
+  }
+  void* previous_allocator = nullptr;
+  api_->env_set_allocator(reinterpret_cast<void*>(&TorchAllocator), 0, &previous_allocator);
+  OpforgeFfiAny result = None();
+  const int rc = api_->function_call(function_, anys.data(), static_cast<int32_t>(anys.size()), &result);
+  api_->env_set_allocator(previous_allocator, 0, nullptr);
+  if (cuda >= 0) api_->env_set_stream(kDLCUDA, cuda, previous, nullptr);
+  if (rc != 0) {
+    const auto err = TakeError(*api_);
+    // A function that takes ffi::Tensor rejects a DLTensor view before its
+    // body runs; opforge passes owned Tensors only when told so.
+    if (!options_.owned_tensors && err.first == "TypeError" && WantsOwnedTensor(err.second)) {
+      Throw(err.first, op_ + ": its TVM-FFI kernel" + function_name_ +
+                           " takes owned tensors (an ffi::Tensor parameter), and opforge passes DLTensor views "
+                           "unless told otherwise. Say so with " + options_.owned_tensors_hint +
+                           ", or declare the parameter ffi::TensorView (no DLPack capsule per call). TVM-FFI said: " +
+                           err.second);
     }
-    void* previous_allocator = nullptr;
-    api_->env_set_allocator(reinterpret_cast<void*>(&TorchAllocator), 0, &previous_allocator);
-    OpforgeFfiAny result = None();
-    const int rc = api_->function_call(function_, anys.data(), static_cast<int32_t>(anys.size()), &result);
-    api_->env_set_allocator(previous_allocator, 0, nullptr);
-    if (cuda >= 0) api_->env_set_stream(kDLCUDA, cuda, previous, nullptr);
-    if (rc != 0) {
-      auto err = TakeError(*api_);
-      // A function that takes ffi::Tensor rejects a DLTensor view before
-      // its body runs: it gets owned Tensors from now on.
-      if (attempt == 0 && !owned_tensors_ && err.first == "TypeError" &&
-          err.second.find("Mismatched type on argument") != std::string::npos &&
-          err.second.find("but got `DLTensor*`") != std::string::npos) {
-        owned_tensors_ = true;
-        continue;
-      }
-      Throw(err.first, op_ + ": its TVM-FFI kernel" + function_name_ + " raised " + err.first + ": " + err.second);
+    Throw(err.first, op_ + ": its TVM-FFI kernel" + function_name_ + " raised " + err.first + ": " + err.second);
+  }
+  struct Release {
+    const OpforgeFfiApi& api;
+    OpforgeFfiAny& any;
+    ~Release() {
+      if (any.type_index >= kFfiStaticObjectBegin) api.object_dec_ref(any.v_ptr);
     }
-    struct Release {
-      const OpforgeFfiApi& api;
-      OpforgeFfiAny& any;
-      ~Release() {
-        if (any.type_index >= kFfiStaticObjectBegin) api.object_dec_ref(any.v_ptr);
-      }
-    } release{*api_, result};
-    const auto& returns = schema.returns();
-    if (returns.empty()) return;
-    if (returns.size() == 1) {
-      out.push_back(ReadReturn(*this, *api_, result, returns[0].real_type()));
-      return;
-    }
-    TORCH_CHECK(result.type_index == kFfiArray, op_, ": its TVM-FFI kernel", function_name_, " returned ",
-                KindName(result.type_index), " where the schema returns ", returns.size(),
-                " values. Return them as a tuple (an ffi::Tuple or ffi::Array).");
-    const auto items = ArrayItems(result);
-    TORCH_CHECK(items.size() == returns.size(), op_, ": its TVM-FFI kernel", function_name_, " returned ",
-                items.size(), " values where the schema returns ", returns.size(), ".");
-    for (size_t i = 0; i < returns.size(); ++i) out.push_back(ReadReturn(*this, *api_, items[i], returns[i].real_type()));
+  } release{*api_, result};
+  const auto& returns = schema.returns();
+  if (returns.empty()) {
+    TORCH_CHECK(result.type_index == kFfiNone, op_, ": its TVM-FFI kernel", function_name_, " returned ",
+                KindName(result.type_index), ", but the op's schema returns nothing (-> ()), so it would be lost. "
+                "Annotate the return (-> Tensor) or make the function return nothing (void).");
     return;
   }
+  if (returns.size() == 1) {
+    out.push_back(ReadReturn(*this, *api_, result, returns[0].real_type()));
+    return;
+  }
+  TORCH_CHECK(result.type_index == kFfiArray, op_, ": its TVM-FFI kernel", function_name_, " returned ",
+              KindName(result.type_index), " where the schema returns ", returns.size(),
+              " values. Return them as a tuple (an ffi::Tuple or ffi::Array).");
+  const auto items = ArrayItems(result);
+  TORCH_CHECK(items.size() == returns.size(), op_, ": its TVM-FFI kernel", function_name_, " returned ",
+              items.size(), " values where the schema returns ", returns.size(), ".");
+  for (size_t i = 0; i < returns.size(); ++i) out.push_back(ReadReturn(*this, *api_, items[i], returns[i].real_type()));
 }
 
 namespace {
@@ -497,6 +639,66 @@ torch::CppFunction MakeFfiDispatcherKernel(std::shared_ptr<FfiKernel> kernel) {
   return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FfiDispatcherKernel>(std::move(kernel)));
 }
 
+namespace {
+
+class UnavailableKernel : public c10::OperatorKernel {
+ public:
+  explicit UnavailableKernel(std::string message) : message_(std::move(message)) {}
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack*) {
+    TORCH_CHECK(false, message_);
+  }
+
+ private:
+  std::string message_;
+};
+
+// The top-level items of the JSON array that starts at `open` ('['):
+// `[{"type":"int"},{"type":"Optional","args":[...]}]` -> its two objects.
+std::vector<std::string> JsonItems(const std::string& json, size_t open) {
+  std::vector<std::string> items;
+  int depth = 0;
+  bool in_string = false;
+  size_t start = open + 1;
+  for (size_t i = open; i < json.size(); ++i) {
+    const char c = json[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') ++depth;
+    else if (c == ']' || c == '}') {
+      if (--depth == 0) {
+        if (i > start) items.push_back(json.substr(start, i - start));
+        return items;
+      }
+    } else if (c == ',' && depth == 1) {
+      items.push_back(json.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  return items;
+}
+
+}  // namespace
+
+torch::CppFunction MakeUnavailableKernel(std::string message) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<UnavailableKernel>(std::move(message)));
+}
+
+bool SchemaTakesOwnedTensors(const std::string& type_schema) {
+  const std::string params = "\"params\":[";
+  const size_t at = type_schema.find(params);
+  if (at == std::string::npos) return false;
+  for (const std::string& param : JsonItems(type_schema, at + params.size() - 1)) {
+    if (param == R"({"type":"ffi.Tensor"})" || param.rfind(R"({"type":"Optional","args":[{"type":"ffi.Tensor"})", 0) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 namespace detail {
 
 // `module` as the loader should open it: a relative path is found beside
@@ -514,42 +716,85 @@ std::string ModulePath(const std::string& module, const std::string& library) {
   return module;
 }
 
-// The torch layer's hook for the core (core/torch_layer.h): `symbol` of
+// The function's TVM-FFI type schema, from the `__tvm_ffi__metadata_<symbol>`
+// that TVM_FFI_DLL_EXPORT_TYPED_FUNC exports where the module was built
+// with TVM_FFI_DLL_EXPORT_INCLUDE_METADATA=1; "" where it has none.
+std::string TypeSchemaOf(void* handle, const std::string& symbol, const OpforgeFfiApi& api) {
+  auto getter = reinterpret_cast<OpforgeFfiSafeCall>(dlsym(handle, ("__tvm_ffi__metadata_" + symbol).c_str()));
+  if (getter == nullptr) return "";
+  OpforgeFfiAny result{};
+  if (getter(nullptr, nullptr, 0, &result) != 0) {
+    TakeError(api);
+    return "";
+  }
+  std::string json;
+  if (result.type_index == kFfiSmallStr) {
+    json.assign(result.v_bytes, result.zero_padding);
+  } else if (result.type_index == kFfiStr) {
+    json = Text(*reinterpret_cast<const OpforgeFfiBytes*>(static_cast<const char*>(result.v_ptr) +
+                                                          sizeof(OpforgeFfiObject)));
+    api.object_dec_ref(result.v_ptr);
+  }
+  // {"type_schema":"<the schema, JSON-escaped>"}
+  const std::string key = "\"type_schema\":\"";
+  const size_t at = json.find(key);
+  if (at == std::string::npos) return "";
+  std::string schema;
+  for (size_t i = at + key.size(); i < json.size() && json[i] != '"'; ++i) {
+    if (json[i] == '\\' && i + 1 < json.size()) ++i;
+    schema += json[i];
+  }
+  return schema;
+}
+
+// The kernel of an op whose TVM-FFI function could not be found: raises the
+// load error at every call (TorchLayerFfiKernel, core/torch_layer.h).
+void* RegisterUnavailable(const TorchLayerFfiKernel& k, const std::string& problem, std::string* unavailable) {
+  *unavailable = k.where + ": " + problem + " The op is defined; calling it raises this error.";
+  const std::string message = k.op + ": its TVM-FFI kernel '" + k.symbol + "' was not found when " + k.library +
+                              " loaded, so the op has no " + k.key + " kernel. The load error: " + *unavailable;
+  return RegisterBoxed(k.op, {c10::parseDispatchKey(k.key)}, [&] { return MakeUnavailableKernel(message); })
+      .release();
+}
+
+// The torch layer's register_ffi_kernel (core/torch_layer.h): `symbol` of
 // `module` as `op`'s boxed kernel for `key`.
-void* RegisterFfiKernel(const std::string& op, const std::string& key, const std::string& module,
-                        const std::string& library, const std::string& symbol) {
-  const std::string path = ModulePath(module, library);
+void* RegisterFfiKernel(const TorchLayerFfiKernel& k, std::string* unavailable) {
+  const std::string path = ModulePath(k.module, k.library);
   // Kept loaded for the life of the process, as the library that names it.
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
-    throw std::runtime_error(op + ": its TVM-FFI kernel's module " + module + " cannot be loaded (" + dlerror() +
-                             "). Give the module's path, absolute or relative to this library's folder.");
+    return RegisterUnavailable(k, k.op + ": its TVM-FFI kernel's module " + k.module + " cannot be loaded (" +
+                                      dlerror() + "). Give the module's path, absolute or relative to this "
+                                      "library's folder.", unavailable);
   }
-  const std::string exported = "__tvm_ffi_" + symbol;
+  const std::string exported = "__tvm_ffi_" + k.symbol;
   auto safe_call = reinterpret_cast<OpforgeFfiSafeCall>(dlsym(handle, exported.c_str()));
   if (safe_call == nullptr) {
-    throw std::runtime_error(op + ": " + path + " exports no TVM-FFI function '" + symbol + "' (no symbol " +
-                             exported + "). Export it with TVM_FFI_DLL_EXPORT_TYPED_FUNC(" + symbol + ", fn).");
+    return RegisterUnavailable(k, k.op + ": " + path + " exports no TVM-FFI function '" + k.symbol + "' (no symbol " +
+                                      exported + "). Export it with TVM_FFI_DLL_EXPORT_TYPED_FUNC(" + k.symbol +
+                                      ", fn).", unavailable);
   }
   std::string error;
   const OpforgeFfiApi* api = LoadFfiApi(handle, path, &error);
   if (api == nullptr) {
-    throw std::runtime_error(op + ": its TVM-FFI kernel " + symbol + " cannot be called: " + error +
+    throw std::runtime_error(k.op + ": its TVM-FFI kernel " + k.symbol + " cannot be called: " + error +
                              ". The module must link libtvm_ffi.");
   }
   void* function = nullptr;
   if (api->function_create(nullptr, safe_call, nullptr, &function) != 0) {
     const auto err = TakeError(*api);
-    throw std::runtime_error(op + ": its TVM-FFI kernel " + symbol + " could not be wrapped: " + err.second);
+    throw std::runtime_error(k.op + ": its TVM-FFI kernel " + k.symbol + " could not be wrapped: " + err.second);
   }
-  auto kernel = std::make_shared<FfiKernel>(op, symbol, function, api);
+  FfiKernelOptions options;
+  options.owned_tensors = k.owned_tensors || SchemaTakesOwnedTensors(TypeSchemaOf(handle, k.symbol, *api));
+  options.owned_tensors_hint = "m.impl(..., opforge::TvmFfi(\"" + k.symbol + "\", ...).owned_tensors())";
+  auto kernel = std::make_shared<FfiKernel>(k.op, k.symbol, function, api, std::move(options));
   api->object_dec_ref(function);  // the kernel holds its own reference
-  return RegisterBoxed(op, {c10::parseDispatchKey(key)}, [&] { return MakeFfiDispatcherKernel(kernel); }).release();
+  auto op = c10::Dispatcher::singleton().findSchema({k.op, ""});
+  if (op) kernel->Plan(op->schema());
+  return RegisterBoxed(k.op, {c10::parseDispatchKey(k.key)}, [&] { return MakeFfiDispatcherKernel(kernel); }).release();
 }
-
-void ReleaseFfiKernel(void* registration) { delete static_cast<KernelRegistration*>(registration); }
-
-const bool kHooked = (SetTorchLayerHooks({&RegisterFfiKernel, &ReleaseFfiKernel, &DefineTagged}), true);
 
 }  // namespace detail
 

@@ -26,6 +26,23 @@ inline void* Core() {
   void* core = dlopen("libopforge_core.so", RTLD_NOW | RTLD_NOLOAD);
   return core ? core : dlopen("libopforge_core.so", RTLD_NOW | RTLD_GLOBAL);
 }
+
+// opforge's torch layer, which registers what the stable ABI cannot (TVM-FFI
+// kernels, ops with torch op tags) and hands the core its table as it loads:
+// the one loaded (import opforge), else the one beside the core. A library
+// on libtorch's C++ API links it instead. Null when neither is there; the
+// core's commit then says what the block needs it for.
+inline void* LoadTorchLayer() {
+  if (void* layer = dlopen("libopforge_torch.so", RTLD_NOW | RTLD_NOLOAD)) return layer;
+  void* core = Core();
+  Dl_info info{};
+  void* get = core ? dlsym(core, "opforge_abi_get") : nullptr;
+  if (get == nullptr || !dladdr(get, &info) || info.dli_fname == nullptr) return nullptr;
+  std::string path = info.dli_fname;
+  const size_t slash = path.rfind('/');
+  path = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "libopforge_torch.so";
+  return dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+}
 #endif
 
 // The C surface, or null with `why` set when opforge is missing or older

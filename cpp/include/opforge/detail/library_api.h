@@ -22,10 +22,23 @@ namespace opforge {
 // It receives the op's flat leaves in schema order.
 //
 //   m.impl("rms_norm", c10::kCUDA, opforge::TvmFfi("rms_norm", "libnorm_ffi.so"));
+//
+// A function whose parameters are `ffi::Tensor` (owned) rather than
+// `ffi::TensorView` gets owned TVM-FFI Tensors where its module says so in
+// its type schema (built with TVM_FFI_DLL_EXPORT_INCLUDE_METADATA=1), or
+// where the kernel says so:
+//
+//   m.impl("ident", opforge::TvmFfi("ident", "libmod.so").owned_tensors());
 struct TvmFfi {
   explicit TvmFfi(std::string symbol, std::string module = "") : symbol(std::move(symbol)), module(std::move(module)) {}
+  TvmFfi owned_tensors() const {
+    TvmFfi f = *this;
+    f.takes_owned_tensors = true;
+    return f;
+  }
   std::string symbol;
   std::string module;
+  bool takes_owned_tensors = false;
 };
 }  // namespace opforge
 
@@ -304,7 +317,8 @@ class LibraryApi {
       return;
     }
     // Registered by opforge's torch layer at commit, in both ABI modes.
-    plan_.AddFfiKernel(name, key, fn.module.empty() ? plan_.dso() : fn.module, fn.symbol);
+    plan_.AddFfiKernel(name, key, fn.module.empty() ? plan_.dso() : fn.module, fn.symbol,
+                       fn.takes_owned_tensors ? uint32_t{kOpforgeFfiOwnedTensors} : uint32_t{0});
   }
 
   LibraryPlan& plan_;

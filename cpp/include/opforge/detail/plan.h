@@ -100,8 +100,8 @@ class LibraryPlan {
     return false;
   }
   // A TVM-FFI function as `op`'s kernel for `key` (opforge::TvmFfi).
-  void AddFfiKernel(std::string op, std::string key, std::string module, std::string symbol) {
-    ffi_kernels_.push_back(FfiKernel{std::move(op), std::move(key), std::move(module), std::move(symbol)});
+  void AddFfiKernel(std::string op, std::string key, std::string module, std::string symbol, uint32_t flags) {
+    ffi_kernels_.push_back(FfiKernel{std::move(op), std::move(key), std::move(module), std::move(symbol), flags});
   }
 
   void AddTag(std::string op, std::string tag, std::vector<std::string> names) {
@@ -166,11 +166,17 @@ class LibraryPlan {
     lib.backend = backend;
     lib.kernel_signatures = signatures.data();
     std::vector<OpforgeFfiKernelV1> ffi_kernels;
+    std::vector<uint32_t> ffi_kernel_flags;
     for (const auto& k : ffi_kernels_) {
       ffi_kernels.push_back(OpforgeFfiKernelV1{k.op.c_str(), k.key.c_str(), k.module.c_str(), k.symbol.c_str()});
+      ffi_kernel_flags.push_back(k.flags);
     }
     lib.ffi_kernels = ffi_kernels.data();
     lib.num_ffi_kernels = ffi_kernels.size();
+    lib.ffi_kernel_flags = ffi_kernel_flags.data();
+#ifdef OPFORGE_STABLE_ABI
+    if (NeedsTorchLayer()) LoadTorchLayer();  // the core's error says so if it is not there
+#endif
     char error[2048] = "";
     if (abi->commit_library(&lib, error, sizeof error) != 0) return error;
     return "";
@@ -191,7 +197,18 @@ class LibraryPlan {
   };
   struct FfiKernel {
     std::string op, key, module, symbol;
+    uint32_t flags;  // kOpforgeFfi*
   };
+
+  // What only opforge's torch layer registers in a stable-ABI block:
+  // TVM-FFI kernels, and ops with torch op tags.
+  bool NeedsTorchLayer() const {
+    if (!ffi_kernels_.empty()) return true;
+    for (const auto& t : tags_) {
+      if (t.tag.rfind(OPFORGE_TORCH_TAG_PREFIX, 0) == 0) return true;
+    }
+    return false;
+  }
   struct Tag {
     std::string op;
     std::string tag;

@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <torch/csrc/jit/frontend/function_schema_parser.h>
 #include <torch/library.h>
+#include <torch/csrc/api/include/torch/version.h>  // the version macros, without the API include folder
 
 #include <algorithm>
 #include <atomic>
@@ -74,7 +75,21 @@ bool CapturingWithoutOpforge(const torch::jit::Stack& stack, size_t num_args) {
   if (!device) return false;
   const c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(*device);
   int status = 0;
-  const int result = is_capturing(stream.native_handle(), &status);
+  const int result = is_capturing(
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
+      stream.native_handle(),
+#else  // torch 2.9, 2.10: no native_handle(); c10::cuda::CUDAStream::stream(), whose `this` is the c10::Stream
+      [&] {
+        using StreamFn = void* (*)(const c10::Stream*);
+        static const StreamFn fn = [] {
+          void* lib = dlopen("libc10_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+          return lib == nullptr ? nullptr : reinterpret_cast<StreamFn>(dlsym(lib, "_ZNK3c104cuda10CUDAStream6streamEv"));
+        }();
+        TORCH_CHECK(fn != nullptr, "libc10_cuda.so is not loaded, so the CUDA stream's handle is unknown");
+        return fn(&stream);
+      }(),
+#endif
+      &status);
   return result == 906 /* the legacy stream while another captures */ || (result == 0 && status != 0);
 }
 
