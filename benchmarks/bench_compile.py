@@ -13,7 +13,7 @@ The same code runs as `opforge bench --compile`.
 
 import sys
 
-from opforge._bench import main
+from opforge.bench import main
 
 if __name__ == "__main__":
     sys.exit(main(["--compile", *sys.argv[1:]]))

@@ -10,7 +10,7 @@ The same code runs as `opforge bench --compiled`.
 
 import sys
 
-from opforge._bench import main
+from opforge.bench import main
 
 if __name__ == "__main__":
     sys.exit(main(["--compiled", *sys.argv[1:]]))

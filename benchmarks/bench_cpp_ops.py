@@ -8,7 +8,7 @@
 
     python benchmarks/bench_cpp_ops.py [--build-dir build/bench_cpp_ops] [--repeats 31]
 
-The ops live in python/opforge/_bench_cpp_ops.cc (the same ones `opforge
+The ops live in python/opforge/bench/cpp_ops.cc (the same ones `opforge
 bench` times); they are compiled against the installed opforge and torch.
 """
 
@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from opforge import _bench_cpp
+from opforge.bench import cpp as _bench_cpp
 
 
 def main(argv=None) -> int:

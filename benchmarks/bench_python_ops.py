@@ -11,7 +11,7 @@ The same code runs as `opforge bench`.
 
 import sys
 
-from opforge._bench import main
+from opforge.bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,7 @@ import sys
 
 COMMANDS = [
     ("demo", "opforge._demo", "run a showcase of every op form on CPU"),
-    ("bench", "opforge._bench", "print the per-call overhead table"),
+    ("bench", "opforge.bench", "print the per-call overhead table"),
     ("inspect", "opforge._inspect", "show an op's original signature, flat schema and mapping tree"),
     ("gen", "opforge.gen.cli", "generate operators and type stubs from schemas"),
 ]

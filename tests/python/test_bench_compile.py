@@ -1,4 +1,4 @@
-"""`opforge bench --compile` (python/opforge/_bench_compile.py): a run with
+"""`opforge bench --compile` (python/opforge/bench/compile.py): a run with
 tiny counts measures every row for the three models, each model compiled
 equal to eager (the measurement asserts it), one recompile each for a changed
 struct field, and its table names every row with its budget."""
@@ -10,7 +10,7 @@ import pytest
 import torch
 from op_testing import torch_build_dir
 
-from opforge import _bench_compile
+from opforge.bench import compile as _bench_compile
 
 GENERATED = ["abs", "add", "topk"]  # add.out's alpha has a default, topk writes two tensors
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import opforge
-from opforge import _bench_cpp
+from opforge.bench import cpp as _bench_cpp
 
 from cpp_ext import ROOT, load
 

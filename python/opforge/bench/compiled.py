@@ -25,7 +25,7 @@ import torch
 
 import opforge
 
-from ._bench_runners import _no_compile_caches, measure_steps, run_on_threads
+from .runners import _no_compile_caches, measure_steps, run_on_threads
 
 Tensor = torch.Tensor
 _run_ids = itertools.count()

@@ -1,5 +1,5 @@
 """The C++ rows of `opforge bench` (and benchmarks/bench_cpp_ops.py): C++ ops
-compiled on first use from `_bench_cpp_ops.cc`, timed from C++ and from
+compiled on first use from `cpp_ops.cc`, timed from C++ and from
 Python in this process.
 
     >>> results = measure(build())
@@ -24,10 +24,12 @@ import time
 
 import torch
 
+from ..gen._build import PRIVATE_STATIC_LIBS, torch_flags
+
 # Scalar leaves of the struct-op rows: a struct op from Python against the
 # same flat op through torch.ops.
 LEAVES = (1, 5, 30)
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bench_cpp_ops.cc")
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpp_ops.cc")
 LIBRARY = "libopforge_bench_ops.so"
 
 
@@ -40,7 +42,6 @@ def build(build_dir: str | None = None, quiet: bool = True) -> str:
     """Compiles the bench ops against this opforge and torch, unless the
     library is newer than its source and the command is unchanged; returns
     the library path."""
-    from .gen._build import torch_flags
 
     import opforge
 
@@ -74,14 +75,13 @@ def build(build_dir: str | None = None, quiet: bool = True) -> str:
     return library
 
 
-STABLE_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bench_stable_ops.cc")
+STABLE_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stable_ops.cc")
 STABLE_LIBRARY = "libopforge_bench_stable.so"
 
 
 def build_stable(build_dir: str | None = None, quiet: bool = True) -> str:
     """Compiles the stable-ABI bench ops (torch's stable ABI, target 2.10)
     unless they are newer than their source; returns the library path."""
-    from .gen._build import PRIVATE_STATIC_LIBS, torch_flags
 
     import opforge
 

@@ -49,8 +49,10 @@ from typing import Callable
 
 import torch
 
-from . import _bench, _bench_compiled
-from ._bench_runners import _no_compile_caches, compile_caches, measure_steps, run_on_threads
+from .. import _cache_key, _registry
+from ..gen import _generate
+from . import compiled as _bench_compiled, eager as _bench
+from .runners import _no_compile_caches, compile_caches, measure_steps, run_on_threads
 
 _VARIANTS = ("opforge struct op", "define+impl (flat)", "custom_op (flat)")
 
@@ -243,15 +245,13 @@ _GEN_CHILD = textwrap.dedent("""
 
 def default_allowlist() -> str | None:
     """The 525-name allowlist of examples/codegen, where this is a checkout."""
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "codegen", "aten_allowlist.txt")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "codegen", "aten_allowlist.txt")
     return os.path.normpath(path) if os.path.isfile(path) else None
 
 
 def generated_library(allowlist: str, out_dir: str) -> tuple[str, str]:
     """(ops JSON, library) of `opforge gen aten` on `allowlist` in `out_dir`,
     rebuilt only where it changed (the first build takes a minute or two)."""
-    from .gen import _generate
-
     print(f"  generating and building the ops of {os.path.basename(allowlist)} in {out_dir} ...",
           file=sys.stderr, flush=True)
     os.makedirs(out_dir, exist_ok=True)
@@ -296,9 +296,7 @@ def measure_digests(repeats: int = 5) -> dict:
     """What keying every op's definition costs a compile start
     (docs/compile_cache.md): every registered op's digest computed anew
     (cold), and the compile-start step once they are known (warm)."""
-    from . import _cache_key, _cpp_ops
-
-    ops = _cpp_ops.all_ops()
+    ops = _registry.ops()
     cold, warm = [], []
     for _ in range(repeats):
         _cache_key._memo.clear()
