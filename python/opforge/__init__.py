@@ -21,13 +21,16 @@ from . import _torch_version
 _torch_version.check_installed()
 
 from . import _C, cuda_graphs, deploy, handles, symm_mem  # noqa: E402
+# The registry's consumers, each listening from its import on (opforge._registry).
+from . import _in_graph, _cache_key, _inductor  # noqa: E402, F401  (in this order at a compile start)
 from ._cpp_ops import ops, structs  # noqa: E402
+from ._ffi import TvmFfiKernel  # noqa: E402
 from ._libraries import check_library, load_errors, load_library  # noqa: E402
 from ._op import OpDef, op, opcheck  # noqa: E402
 from ._types import HandleAnnotation as _HandleAnnotation  # noqa: E402
 from .symm_mem import arg_tags, symm_mem_args  # noqa: E402
 
-__all__ = ["Handle", "OpDef", "arg_tags", "cache_key", "check_library", "cmake_prefix_path", "cuda_graphs", "deploy",
+__all__ = ["Handle", "OpDef", "TvmFfiKernel", "arg_tags", "cache_key", "check_library", "cmake_prefix_path", "cuda_graphs", "deploy",
            "handles",
            "load_errors",
            "load_library", "op", "opcheck", "ops", "set_fast_path_enabled", "structs", "symm_mem", "symm_mem_args"]
@@ -64,9 +67,6 @@ def cache_key(op) -> str:
     parts it is made of (docs/compile_cache.md).
 
         print(opforge.cache_key(mylib.rms_norm))"""
-    from . import _cache_key
-    from ._op import OpDef
-
     if not isinstance(op, OpDef):
         raise TypeError(f"opforge.cache_key takes an opforge op (an @opforge.op function or an op of opforge.ops), "
                         f"not {type(op).__name__} {op!r}.")

@@ -11,7 +11,7 @@ one that changed misses, one that did not hits.
 
     definition(op)   # the parts, readable: schema, signature, enums, structs, fake, ...
     digest(op)       # sha256 of them, memoized per definition
-    note_all(ops)    # the compile-start step: every op's entry in Inductor's config
+    note_all(ops)    # a compile-start step (opforge._registry): every op's entry in Inductor's config
 
 In the key: the flat schema with defaults and alias marks (so
 `mutates_args`), the original signature with its defaults, the `(name,
@@ -38,6 +38,8 @@ import sys
 import types
 import uuid
 import weakref
+
+from . import _registry
 
 log = logging.getLogger("opforge.cache")
 
@@ -275,3 +277,10 @@ def explain(op) -> str:
     lines.append("  not in the key: the op's body and kernels (compiled code calls the op)" +
                  ("; its C++ fake and backward" if parts["kind"] == "cpp" else ""))
     return "\n".join(lines)
+
+
+def _note_registered() -> None:
+    note_all(_registry.ops())
+
+
+_registry.on_compile_start(_note_registered)

@@ -21,7 +21,7 @@ import threading
 import torch
 from torch import _C as _torch_C
 
-from . import _C, _cache_key, _in_graph, _inductor, _op
+from . import _C, _op, _registry, symm_mem
 from ._codegen import EMPTY, Param
 from ._structs import find_class, python_value, type_info, types_used_by
 
@@ -110,7 +110,7 @@ def define(name: str) -> CppOpDef:
                          torch.library.Library(ns, "FRAGMENT"), base=CppOpDef)
     leaf_returns = all(node.is_leaf for node in opdef.model.returns)
     opdef._set_dispatcher_op(name, None if leaf_returns else opdef._code.rebuild_output)
-    _inductor.added(overload)
+    _registry.add(opdef)
     return opdef
 
 
@@ -124,7 +124,6 @@ def _missing(name: str) -> str:
 
 
 _lock = threading.RLock()
-_made: dict[str, CppOpDef] = {}
 _seen_generation = -1
 
 
@@ -139,9 +138,9 @@ def refresh() -> None:
     namespaces: set[str] = set()
     with _lock:
         for name in _C.op_spec_names():
-            if name not in _made and _C.library_op(name) is not None:
+            if _registry.get(name) is None and _C.library_op(name) is not None:
                 try:
-                    op = _made[name] = define(name)
+                    op = define(name)
                 except Exception:  # noqa: BLE001 - reported when the op is used, with its message
                     continue
                 # Plain attributes: Dynamo reads them without calling __getattr__.
@@ -154,50 +153,12 @@ def refresh() -> None:
                 if short not in space.__dict__:
                     space.__dict__[short] = find_class(ns, short)
         _seen_generation = generation
-    from . import symm_mem
-
     symm_mem.sync()
 
 
-def _on_compile_start(*_args) -> None:
-    refresh()
-    _in_graph.admit_pending()
-    _cache_key.note_all(all_ops())
-
-
-def all_ops() -> list:
-    """Every op defined so far: Python ops, then the C++ ops seen from Python."""
-    return [*_op._REGISTERED.values(), *_made.values()]
-
-
-def _install_compile_hook() -> None:
-    """`refresh` as a Dynamo compile-start callback, kept through
-    `torch._dynamo.reset()`: reset clears every start callback, and a C++
-    op loaded after it with a plain `torch.ops.load_library` would then meet
-    its first compiled call with no OpDef (the miss path, which Dynamo cannot
-    trace) and no symm_mem lowering."""
-    try:
-        from torch._dynamo.callback import callback_handler
-    except ImportError:  # pragma: no cover - every supported torch has it
-        return
-    if _on_compile_start not in callback_handler.start_callbacks:
-        callback_handler.register_start_callback(_on_compile_start)
-    clear = getattr(callback_handler, "clear", None)
-    if clear is None or getattr(clear, "_opforge_keeps", False):
-        return
-
-    def clear_keeping_opforge() -> None:
-        try:
-            clear()
-        finally:  # torch clears the lists before it checks for pending callbacks
-            if _on_compile_start not in callback_handler.start_callbacks:
-                callback_handler.register_start_callback(_on_compile_start)
-
-    clear_keeping_opforge._opforge_keeps = True
-    try:
-        callback_handler.clear = clear_keeping_opforge
-    except AttributeError:  # pragma: no cover - a handler without instance attributes: opforge.ops' miss path only
-        pass
+def _cpp_op(name: str) -> CppOpDef | None:
+    op = _registry.get(name)
+    return op if isinstance(op, CppOpDef) else None
 
 
 class _Namespace:
@@ -210,12 +171,10 @@ class _Namespace:
             raise AttributeError(name)
         if self._kind == "ops":
             qualified = f"{self._ns}::{name}"
-            op = _made.get(qualified)
+            op = _cpp_op(qualified)
             if op is None:
                 refresh()
-                op = _made.get(qualified)
-                if op is None:
-                    op = _made[qualified] = define(qualified)  # raises the reason
+                op = _cpp_op(qualified) or define(qualified)  # raises the reason
             value = op
         else:
             value = find_class(self._ns, name)
@@ -252,4 +211,4 @@ class _Root:
 
 ops = _Root("ops")
 structs = _Root("structs")
-_install_compile_hook()
+_registry.on_refresh(refresh)

@@ -21,8 +21,8 @@ its error into Dynamo's graph break carrying the same message: with graph
 breaks allowed the call then runs eagerly and raises the boundary's own
 error, as an eager call does; with `fullgraph=True` Dynamo reports it.
 
-    offer(opdef)     # at definition: looked at at the next compile start
-    admit_pending()  # the compile-start callback (opforge._cpp_ops)
+    offer(opdef)     # each op added to opforge._registry that may be one node: looked at at the next compile start
+    admit_pending()  # a compile-start step (opforge._registry)
     admitted(opdef)  # whether Dynamo records it as one node
 """
 
@@ -32,7 +32,7 @@ import dataclasses
 import sys
 import weakref
 
-from . import _C
+from . import _C, _registry
 
 _pending: list[weakref.ref] = []
 _admitted: "weakref.WeakSet" = weakref.WeakSet()
@@ -160,3 +160,18 @@ def refused(op, error: BaseException) -> None:
 
 
 _C.set_refused_hook(refused)
+
+
+def _on_add(op) -> None:
+    """An op whose kind may be one node (not a Triton op, whose traced body
+    is captured through `__call__`; not a C++ op) and whose arguments and
+    returns Dynamo can hold as they are: no struct return (rebuilt in
+    Python), no handle (resolved in Python), no mutated argument (tracked by
+    Dynamo)."""
+    kind = getattr(op, "_kind", None)
+    if kind is not None and kind.one_node and op._code.one_graph_call:
+        offer(op)
+
+
+_registry.on_add(_on_add)
+_registry.on_compile_start(admit_pending)

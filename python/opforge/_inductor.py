@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import _C
+from . import _C, _registry
 
 __all__ = ["added", "added_again", "call_from_c", "flat_call_name", "loaded", "on_load", "register_flat_call",
            "remove", "sync"]
@@ -108,11 +108,13 @@ def call_from_c(overload: torch._ops.OpOverload, operations) -> None:
             node.python_kernel_name = f"{_PREFIX}{name!r}, None) or {node.python_kernel_name})"
 
 
-def _opforge_overloads() -> list[torch._ops.OpOverload]:
-    from . import _cpp_ops, _op
+def _overload_of(op) -> torch._ops.OpOverload | None:
+    overload = getattr(op, "overload", None)
+    return overload if isinstance(overload, torch._ops.OpOverload) else None
 
-    ops = list(_op.registered_ops().values()) + list(_cpp_ops._made.values())
-    return [op.overload for op in ops if isinstance(getattr(op, "overload", None), torch._ops.OpOverload)]
+
+def _opforge_overloads() -> list[torch._ops.OpOverload]:
+    return [overload for overload in map(_overload_of, _registry.ops()) if overload is not None]
 
 
 def _make_lowering(overload: torch._ops.OpOverload, inner: Callable) -> Callable:
@@ -230,11 +232,8 @@ def added_again(name: str) -> None:
     """`added` for the opforge op `name` ('ns::op') where it is defined
     (Python or C++), say once a lowering of its own is gone; nothing for a
     name that is not (an op whose definition failed)."""
-    from . import _cpp_ops, _op
-
-    op = _op.registered_ops().get(name) or _cpp_ops._made.get(name)
-    overload = getattr(op, "overload", None)
-    if isinstance(overload, torch._ops.OpOverload):
+    overload = _overload_of(_registry.get(name))
+    if overload is not None:
         added(overload)
 
 
@@ -304,3 +303,12 @@ def _disarm_import_hook() -> None:
 
 on_load(sync)
 arm()
+
+
+def _on_add(op) -> None:
+    overload = _overload_of(op)
+    if overload is not None:
+        added(overload)
+
+
+_registry.on_add(_on_add)

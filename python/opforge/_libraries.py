@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from . import _C
+from . import _C, _registry
 
 def load_library(path: str | os.PathLike) -> None:
     """Loads a C++ kernel library (as torch.ops.load_library does) and raises
@@ -24,9 +24,7 @@ def load_library(path: str | os.PathLike) -> None:
     before = len(_C.load_errors())
     torch.ops.load_library(path)
     errors = [message for _library, message in _C.load_errors()[before:]]
-    from ._cpp_ops import refresh
-
-    refresh()
+    _registry.refresh()  # the library's ops as OpDefs (opforge._cpp_ops)
     if errors:
         raise RuntimeError("\n".join(errors))
 

@@ -26,11 +26,10 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import _C as _torch_C
 
-from . import _C, _ffi, _in_graph, _inductor, _types, handles
+from . import _C, _ffi, _kinds, _registry, _types, handles, symm_mem
 from ._codegen import EMPTY, Builder, Leaf, OpCode, Param
 from ._types import Problem, Registrations, Resolver, SignatureError, TypeInfo, Where
 
-_REGISTERED: dict[str, "OpDef"] = {}
 # One definition at a time: two threads defining one name would both pass
 # the name check, and the second would get torch's "registered multiple times".
 _DEFINING = threading.RLock()
@@ -47,7 +46,7 @@ class OpDef(_C.OpBase):
     which goes through the dispatcher."""
 
     __slots__ = ("name", "overload", "spec", "model", "boundary", "_state", "_code", "_lib", "_registrations",
-                 "_has_autograd", "_device_kernels", "_triton", "__wrapped__", "__dict__", "__weakref__")
+                 "_has_autograd", "_device_kernels", "_kind", "__wrapped__", "__dict__", "__weakref__")
 
     # A C++ op (CppOpDef) takes any object with a struct's fields, and its
     # handles stay ints: C++ runners live in the C++ handle table.
@@ -84,13 +83,9 @@ class OpDef(_C.OpBase):
 
         def register(fn: Callable) -> Callable:
             _check_callable(self.name, "register_kernel", fn)
-            devices = _device_list(self.name, device_types)
+            devices = _kinds.device_list(self.name, device_types)
             self._before_kernels(devices)
-            if _ffi.unwrap(fn) is not None:
-                kernel = _ffi.make_kernel(self.name, fn, "register_kernel")
-                _install_ffi_kernels(self, {d: kernel for d in devices})
-            else:
-                _install_kernels(self, devices, fn)
+            _kinds.of_kernel(self.name, fn, devices).install(self, devices)
             return fn
 
         return register if fn is None else register(fn)
@@ -116,7 +111,7 @@ class OpDef(_C.OpBase):
         `.backward` say which is which); empty for an opaque op. Kernels a
         library builds at run time are listed once the op has been traced.
         See docs/triton.md."""
-        module = _triton_module()
+        module = _kinds.triton_module()
         if module is None:
             return ()
         return module.kernels_of(self.name)
@@ -127,18 +122,6 @@ class OpDef(_C.OpBase):
 
     def __repr__(self) -> str:
         return f"<opforge.OpDef {self.name}: {self.spec}>"
-
-
-@dataclass(frozen=True)
-class TritonOptions:
-    """The decorator's Triton arguments, which `register_autograd` reuses."""
-
-    mode: str = "off"  # 'auto', 'off' or 'force'
-    extra_kernels: tuple = ()
-    mutates_args: tuple = ()
-
-
-_NO_TRITON = TritonOptions()
 
 
 @dataclass
@@ -252,84 +235,61 @@ def define(name, fn, *, mutates_args=(), fake=None, setup_context=None, backward
     """Registers `fn` as the op `name`: every check first, then torch's
     registrations; a failure anywhere undoes what was done. `_default_fake`
     (for front ends such as compat.magi) makes the fake of an op that is
-    neither given one nor a Triton op, and may raise to reject the op.
+    neither given one nor brings one, and may raise to reject the op.
     `kernel` (TVM-FFI functions) makes `fn` the signature only."""
     mutates_args, devices, tag_list = _check_arguments(name, fn, mutates_args, fake, setup_context, backward,
                                                        device_types, tags)
-    ffi_kernels = None
-    if kernel is not None:
-        ffi_kernels = {d: _ffi.make_kernel(name, f, "kernel=") for d, f in
-                       _ffi.kernels_of(name, kernel, devices).items()}
-        if ffi_kernels.keys() != {None}:
-            devices = _device_list(name, list(ffi_kernels))
-            ffi_kernels = dict(zip(devices, ffi_kernels.values()))
-        triton = "off"
-    triton = _opaque_if_unsafe(name, triton, extra_triton_kernels, tag_list)
+    kind = _kinds.of_definition(name, fn, kernel, devices, triton, extra_triton_kernels, mutates_args, tag_list)
     regs = Registrations()
-    lib = None
-    opdef = None
+    lib = opdef = None
     symm_mem_declared = False
     try:
-        extra_triton_kernels, mutates_args = tuple(extra_triton_kernels), tuple(mutates_args)
-        plan = _triton_plan(name, fn, triton, extra_triton_kernels, mutates_args)
-        body = fn if plan is None else plan.eager_body
-        if plan is not None and fake is None:
-            fake = plan.traced_body  # as torch.library.triton_op: the traceable body is the fake
-        if fake is None and _default_fake is not None:
-            fake = _default_fake()
+        if fake is None:
+            fake = kind.fake if kind.fake is not None or _default_fake is None else _default_fake()
         sig = _read_signature(name, fn, regs, _caller)
         model = _lower(name, sig, mutates_args)
         lib, overload = _define_schema(name, model, tag_list)
         if symm_mem_args:
-            from . import symm_mem
-
             symm_mem.declare(name, model.lowered, symm_mem_args, lib=lib, stacklevel=4)
             symm_mem_declared = True
-        if ffi_kernels is not None:
-            body = None
-        state = _State(fn=body, fake=fake, backward=backward, setup_context=setup_context,
-                       traced_body=plan.traced_body if plan is not None else None,
-                       no_fake=_ffi.missing_fake_message(name) if ffi_kernels is not None else None)
-        opdef = assemble(name, fn, sig, model, overload, lib, state=state, devices=devices)
-        opdef._triton = TritonOptions(triton, extra_triton_kernels, mutates_args)
-        if ffi_kernels is None:
-            _register_kernels(opdef, body, devices)
-        else:
-            _install_ffi_kernels(opdef, ffi_kernels)
-        if plan is not None:
-            _install_triton_decomposition(opdef, plan)
-            opdef.boundary.set_kernel_error_hook(_triton_module().device_error_hook(plan))
-        opdef._register_fake_kernel()
-        if torch.Tag.cudagraph_unsafe in tag_list:
-            # Before any launch, a call made while its stream captures goes to a breakable capture or is refused.
-            opdef._registrations["BackendSelect"] = _C.register_capture_guard(name)
-        if any(leaf.mutated for leaf in model.leaves):
-            # Versions of what the op writes are bumped, as custom_op does.
-            opdef._registrations["ADInplaceOrView"] = _C.register_inplace_kernel(name)
-        if backward is not None:
-            _install_autograd(opdef, backward, setup_context)
-        else:
-            opdef._registrations["Autograd"] = _C.register_no_backward_kernel(name, _no_backward_message(name, fn))
-        if plan is not None:
-            _triton_module().record_forward(name, plan.kernels)
-        _REGISTERED[name] = opdef
-        _inductor.added(opdef.overload)
-        if plan is None and _one_graph_call(opdef):
-            _in_graph.offer(opdef)
+        state = _State(fn=kind.body, fake=fake, backward=backward, setup_context=setup_context,
+                       traced_body=kind.traced_body, no_fake=kind.no_fake)
+        opdef = assemble(name, fn, sig, model, overload, lib, state=state, devices=kind.devices, kind=kind)
+        kind.install(opdef, kind.devices)
+        _register_dispatch_keys(opdef, tag_list, backward, setup_context)
+        kind.commit(opdef)
+        _registry.add(opdef)
         return opdef
     except BaseException:
         if opdef is not None:
             opdef._registrations.clear()
-        if _TRITON and _TRITON[0] is not None:
-            _TRITON[0].forget(name)
+        kind.undo(name)
         if symm_mem_declared:
-            from . import symm_mem
-
             symm_mem.forget(name)
         if lib is not None:
             lib._destroy()
         regs.rollback()
         raise
+
+
+def _register_dispatch_keys(opdef: OpDef, tags: list, backward: Callable | None,
+                            setup_context: Callable | None) -> None:
+    """What every op registers beside its kernels: the fake kernel, the
+    capture guard of a cudagraph_unsafe op, the version bump of a mutating
+    op, the Autograd kernel."""
+    name = opdef.name
+    opdef._register_fake_kernel()
+    if torch.Tag.cudagraph_unsafe in tags:
+        # Before any launch, a call made while its stream captures goes to a breakable capture or is refused.
+        opdef._registrations["BackendSelect"] = _C.register_capture_guard(name)
+    if any(leaf.mutated for leaf in opdef.model.leaves):
+        # Versions of what the op writes are bumped, as custom_op does.
+        opdef._registrations["ADInplaceOrView"] = _C.register_inplace_kernel(name)
+    if backward is not None:
+        _install_autograd(opdef, backward, setup_context)
+    else:
+        opdef._registrations["Autograd"] = _C.register_no_backward_kernel(name, _no_backward_message(name,
+                                                                                                 opdef.__wrapped__))
 
 
 def _check_callable(name: str, what: str, fn) -> None:
@@ -356,7 +316,7 @@ def _check_arguments(name, fn, mutates_args, fake, setup_context, backward, devi
             _check_callable(name, f"{what}=", value)
     if setup_context is not None and backward is None:
         raise TypeError(f"{name}: setup_context was given without backward. Pass backward= as well.")
-    devices = _device_list(name, device_types) if device_types is not None else None
+    devices = _kinds.device_list(name, device_types) if device_types is not None else None
     tag_list = [tags] if isinstance(tags, torch.Tag) else list(tags)
     for tag in tag_list:
         if not isinstance(tag, torch.Tag):
@@ -451,7 +411,8 @@ def _leaves(model: OpModel, boundary) -> list[Leaf]:
 
 
 def assemble(name: str, fn: Callable | None, sig: Signature, model: OpModel, overload, lib, *,
-             base: type | None = None, state: _State | None = None, devices: list[str] | None = None) -> OpDef:
+             base: type | None = None, state: _State | None = None, devices: list[str] | None = None,
+             kind: "_kinds.Kind" = _kinds.CPP) -> OpDef:
     """An op defined with torch, as an OpDef of class `base` (OpDef, or a
     subclass such as CppOpDef) bound to its C entry: the call boundary, the
     generated code, the state its kernels read. Its class is made per op, so
@@ -488,7 +449,7 @@ def assemble(name: str, fn: Callable | None, sig: Signature, model: OpModel, ove
     opdef._registrations = {}  # dispatch key -> the registration that keeps its kernel
     opdef._has_autograd = False
     opdef._device_kernels = devices is not None
-    opdef._triton = _NO_TRITON
+    opdef._kind = kind
     opdef.__wrapped__ = fn
     opdef.__dict__.update(
         __name__=getattr(fn, "__name__", name.split("::")[1]), __qualname__=getattr(fn, "__qualname__", name),
@@ -499,88 +460,6 @@ def assemble(name: str, fn: Callable | None, sig: Signature, model: OpModel, ove
     opdef._bind(boundary, state.fn if devices is None else None, {d: state.fn for d in devices or ()},
                 cls.__call__)
     return opdef
-
-
-def _one_graph_call(opdef: OpDef) -> bool:
-    """Whether Dynamo may record a call of `opdef` as one node of its graph
-    (opforge._in_graph): what it takes and returns Dynamo can hold as they
-    are. A struct return is rebuilt in Python, a handle resolved in Python
-    and a mutated argument tracked by Dynamo: those ops keep their traced
-    `__call__`, as do Triton ops (their traced body is captured there)."""
-    builder = opdef._code._builder
-    return builder.leaf_returns and not builder.any_handles and not any(leaf.mutated for leaf in builder.leaves)
-
-
-def _register_kernels(opdef: OpDef, body: Callable, devices: list[str] | None) -> None:
-    """The dispatcher's kernels: one body for every device, or one per listed device type."""
-    if devices is None:
-        _set_dispatcher_kernel(opdef, "CompositeExplicitAutograd", body)
-    else:
-        for d in devices:
-            _set_dispatcher_kernel(opdef, _dispatch_key(opdef.name, d), body)
-
-
-def _set_dispatcher_kernel(opdef: OpDef, key: str, fn: Callable) -> None:
-    """The op's C++ kernel for `key` calls `fn` (the original signature);
-    registered once per key, then only `fn` changes."""
-    kernel = opdef._registrations.get(key)
-    if isinstance(kernel, _C.OpKernel):
-        kernel.set_fn(fn)
-    else:
-        opdef._registrations.pop(key, None)  # a TVM-FFI kernel's, undone before the new one takes the key
-        opdef._registrations[key] = _C.register_kernel(opdef.boundary, fn, key)
-
-
-_TRITON: list = []  # [the opforge.triton module, or None when unavailable]
-
-
-def _triton_module():
-    if not _TRITON:
-        try:
-            from . import triton as module
-        except ImportError:
-            module = None
-        _TRITON.append(module if callable(getattr(module, "plan", None)) else None)
-    return _TRITON[0]
-
-
-def _triton_plan(name: str, fn: Callable, mode: str, extra_kernels, mutates_args=()):
-    """What the Triton scan found (docs/triton.md), or None for an opaque op."""
-    if mode not in ("auto", "off", "force"):
-        raise ValueError(f"{name}: triton={mode!r} is not one of 'auto', 'off', 'force'.")
-    extra_kernels = tuple(extra_kernels)
-    if mode == "off":
-        return None
-    module = _triton_module()
-    if module is None:
-        if mode == "force" or extra_kernels:
-            raise ValueError(f"{name}: triton={mode!r} needs the triton package, which is not importable.")
-        return None
-    return module.plan(name, fn, mode=mode, extra_kernels=extra_kernels, mutates_args=mutates_args)
-
-
-def _opaque_if_unsafe(name: str, mode: str, extra_kernels, tags: list) -> str:
-    """The op's Triton mode: 'off' for a cudagraph_unsafe op, which must stay
-    one node for Inductor's graph partition to cut around, so its Triton
-    launches are not traced into the graph (docs/cuda_graphs.md)."""
-    if torch.Tag.cudagraph_unsafe not in tags:
-        return mode
-    if mode == "force" or tuple(extra_kernels):
-        raise ValueError(f"{name}: an op tagged torch.Tag.cudagraph_unsafe stays opaque to Inductor, so its "
-                         f"Triton kernels cannot be traced (triton={mode!r}, extra_triton_kernels). Drop "
-                         f"triton='force' and extra_triton_kernels, or the tag.")
-    return "off"
-
-
-def _triton_autograd(opdef: "OpDef", backward: Callable, setup_context: Callable | None) -> tuple:
-    """backward and setup_context with their Triton launches made traceable
-    (docs/triton.md): unchanged eagerly, traced copies under AOTAutograd."""
-    options = opdef._triton
-    module = _triton_module() if options.mode != "off" else None
-    if module is None:
-        return backward, setup_context
-    return module.autograd(opdef.name, opdef.__wrapped__, backward, setup_context, mode=options.mode,
-                           extra_kernels=options.extra_kernels, mutates_args=options.mutates_args)
 
 
 def _fake_register_takes_lib() -> bool:
@@ -618,24 +497,9 @@ def _lazy_fake_kernel(code: OpCode, fn: Callable) -> Callable:
     return fake_kernel
 
 
-def _install_triton_decomposition(opdef: "OpDef", plan) -> None:
-    """Under FunctionalTensorMode (AOTAutograd), the op decomposes into its
-    traceable body, so Inductor sees the wrapped Triton kernels instead of an
-    opaque call; that is what torch.library.triton_op registers."""
-    from torch._subclasses.functional_tensor import FunctionalTensorMode
-
-    traced_kernel = opdef._code.make_fake_kernel(plan.traced_body)
-
-    def functional_decomp(mode, func, types, args, kwargs):
-        with mode:
-            return traced_kernel(*args, **kwargs)
-
-    torch.library.register_torch_dispatch(opdef.overload, FunctionalTensorMode, functional_decomp, lib=opdef._lib)
-
-
 def _check_free(name: str) -> None:
     ns, opname = name.split("::")
-    if name in _REGISTERED or _schema_exists(name):
+    if _registry.get(name) is not None or _schema_exists(name):
         raise ValueError(
             f"{name}: an operator with this name is already registered. "
             f"Choose another name, or another namespace than '{ns}'."
@@ -647,21 +511,6 @@ def _schema_exists(name: str) -> bool:
     (`aten::add` exists through `aten::add.Tensor`). Every dispatcher schema
     is also in this registry."""
     return bool(_torch_C._jit_get_schemas_for_operator(name))
-
-
-def _device_list(name: str, device_types) -> list[str]:
-    devices = [device_types] if isinstance(device_types, str) else list(device_types)
-    out = []
-    for d in devices:
-        try:
-            out.append(torch.device(d).type)
-        except RuntimeError:
-            raise ValueError(f"{name}: device_types: {d!r} is not a device type. Use e.g. 'cpu' or 'cuda'.") from None
-    return out
-
-
-def _dispatch_key(name: str, device: str) -> str:
-    return _torch_C._dispatch_key_for_device(device)
 
 
 def _caller_locals(fn: Callable, caller) -> typing.Mapping:
@@ -811,35 +660,12 @@ def _no_backward_message(name: str, fn: Callable) -> str:
             f"Pass backward= to @opforge.op or call {fname}.register_autograd(backward).")
 
 
-def _install_kernels(opdef: OpDef, devices: list[str], fn: Callable) -> None:
-    for d in devices:
-        _set_dispatcher_kernel(opdef, _dispatch_key(opdef.name, d), fn)
-        opdef._set_kernel(d, fn)
-    # The direct autograd path only knows the default body.
-    opdef._device_kernels = True
-    opdef._set_has_backward(False)
-
-
-def _install_ffi_kernels(opdef: OpDef, kernels: dict) -> None:
-    """TVM-FFI kernels ({device type or None: _C.FfiKernel}) as the op's
-    dispatcher kernels and its eager path's, both called from C."""
-    for device, k in kernels.items():
-        key = "CompositeExplicitAutograd" if device is None else _dispatch_key(opdef.name, device)
-        opdef._registrations.pop(key, None)  # the kernel it replaces, undone first
-        opdef._registrations[key] = _C.register_ffi_kernel(k, key)
-        opdef._set_kernel(device, k)
-    if any(d is not None for d in kernels):
-        opdef._device_kernels = True
-    opdef._set_has_backward(False)  # a gradient takes the dispatcher path, through the FFI kernel
-
-
 def _install_autograd(opdef: OpDef, backward: Callable, setup_context: Callable | None) -> None:
     """The op's autograd bridge (`_C.AutogradBridge`, docs/python_ops.md#autograd):
     its Autograd kernel replaces the no-backward one, and eager calls that
     need a gradient record its node directly. Called again, it only replaces
     backward and setup_context, which the bridge reads at call time."""
-    backward, setup_context = _triton_autograd(opdef, backward, setup_context)
-    backward = _ffi.guard_backward(opdef.name, backward)
+    backward, setup_context = opdef._kind.backward(opdef, backward, setup_context)
     state = opdef._state
     state.backward = backward
     state.setup_context = setup_context
@@ -862,4 +688,5 @@ def opcheck(op: OpDef, args: tuple, kwargs: dict | None = None, **options):
 
 
 def registered_ops() -> dict[str, OpDef]:
-    return dict(_REGISTERED)
+    """Every op defined with @opforge.op (the C++ ops seen from Python are in opforge._registry too)."""
+    return {op.name: op for op in _registry.ops() if not isinstance(op._kind, _kinds.CppKernels)}

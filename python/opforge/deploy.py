@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import _C
+from . import _C, _registry
 
 __all__ = ["Requirements", "requirements", "aoti_compile_and_package", "save", "load"]
 
@@ -87,9 +87,6 @@ def _loaded(basename: str) -> str | None:
 def requirements(program: Any) -> Requirements:
     """The opforge libraries (with their paths) and Python ops a program
     calls; see Requirements."""
-    from . import _op
-
-    python_defined = _op.registered_ops()
     libraries: dict[str, list[str]] = {}
     needs_torch_layer = False
     python_ops, other_ops = [], []
@@ -100,7 +97,7 @@ def requirements(program: Any) -> Requirements:
             # A stable-ABI library's C++ backward is wired by the torch layer; a
             # library on the C++ API links it.
             needs_torch_layer = needs_torch_layer or info["abi"] == "unstable" or info["has_torch_layer_autograd"]
-        elif name in python_defined:
+        elif _registry.get(name) is not None:  # a C++ op is found by _C.library_op first
             python_ops.append(name)
         else:
             other_ops.append(name)
@@ -137,13 +134,10 @@ _RECORD_FORMAT = 1
 
 
 def _record(program: Any) -> dict:
-    from . import _op
-
     needs = requirements(program)
-    defined = _op.registered_ops()
     python_ops = {}
     for name in needs.python_ops:
-        fn = getattr(defined[name], "__wrapped__", None)
+        fn = getattr(_registry.get(name), "__wrapped__", None)
         python_ops[name] = getattr(fn, "__module__", None)
     return {"format": _RECORD_FORMAT,
             "libraries": {os.path.basename(path): {"path": path, "ops": list(ops)}

@@ -30,10 +30,10 @@ def ns(request) -> str:
 
 
 def unregister_namespace(namespace: str) -> None:
-    from opforge import _op
+    from opforge import _registry
 
-    for name in [n for n in _op._REGISTERED if n.startswith(namespace + "::")]:
-        opdef = _op._REGISTERED.pop(name)
+    for name in [n for n in _registry.names() if n.startswith(namespace + "::")]:
+        opdef = _registry.remove(name)
         opdef._registrations.clear()
         opdef._lib._destroy()
 

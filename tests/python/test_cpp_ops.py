@@ -84,10 +84,10 @@ def test_unknown_cpp_op_is_a_clear_error(ext):
 
 def test_a_dynamo_reset_clears_other_start_callbacks_but_keeps_opforges():
     # torch._dynamo.reset() still clears what others registered; opforge's
-    # refresh stays, once (opforge._cpp_ops._install_compile_hook).
+    # compile start stays, once (opforge._registry._install_compile_hook).
     from torch._dynamo.callback import callback_handler
 
-    from opforge import _cpp_ops
+    from opforge import _registry
 
     seen = []
 
@@ -98,10 +98,10 @@ def test_a_dynamo_reset_clears_other_start_callbacks_but_keeps_opforges():
     for _ in range(2):
         torch._dynamo.reset()
     assert theirs not in callback_handler.start_callbacks
-    assert callback_handler.start_callbacks.count(_cpp_ops._on_compile_start) == 1
-    _cpp_ops._install_compile_hook()  # a second install registers and wraps nothing twice
-    assert callback_handler.start_callbacks.count(_cpp_ops._on_compile_start) == 1
+    assert callback_handler.start_callbacks.count(_registry.compile_start) == 1
+    _registry._install_compile_hook()  # a second install registers and wraps nothing twice
+    assert callback_handler.start_callbacks.count(_registry.compile_start) == 1
     torch._dynamo.reset()
-    assert callback_handler.start_callbacks.count(_cpp_ops._on_compile_start) == 1
+    assert callback_handler.start_callbacks.count(_registry.compile_start) == 1
     torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
     assert seen == []

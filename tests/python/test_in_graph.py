@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import opforge
-from opforge import _bench_compile, _in_graph
+from opforge import _in_graph
+from opforge.bench import compile as _bench_compile
 
 Tensor = torch.Tensor
 

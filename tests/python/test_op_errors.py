@@ -380,3 +380,44 @@ def test_a_parameter_name_torch_cannot_hold_is_refused_naming_it(ns):
                                          r"Rename the parameter"):
         opforge.op(name)(body)
     assert not in_torch_ops(name)
+
+
+def test_a_registry_listener_that_raises_leaves_nothing_registered(ns):
+    # opforge._registry.add: every listener sees the op, or the op is not added
+    # and define undoes every registration it made.
+    from opforge import _registry
+
+    name = f"{ns}::watched"
+
+    def refuse(op):
+        if op.name == name:
+            raise RuntimeError(f"{name}: refused by a listener")
+
+    _registry._listeners.append(refuse)
+    try:
+        with pytest.raises(RuntimeError, match="refused by a listener"):
+            @opforge.op(name)
+            def watched(x: torch.Tensor) -> torch.Tensor:
+                return x + 1
+    finally:
+        _registry._listeners.remove(refuse)
+    assert _registry.get(name) is None and name not in _op.registered_ops()
+    assert not in_torch_ops(name)
+
+    @opforge.op(name)  # the name is free again
+    def watched(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    assert torch.equal(watched(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_the_registry_refuses_a_second_op_of_one_name(ns):
+    from opforge import _registry
+
+    @opforge.op(f"{ns}::once")
+    def once(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    with pytest.raises(ValueError, match=f"{ns}::once: an opforge op with this name is already registered"):
+        _registry.add(once)
+    assert _registry.get(f"{ns}::once") is once
