@@ -14,6 +14,12 @@ gradient) must equal the eager output of its own process.
 `torch.library.custom_op` versions of four cases run beside them as
 controls; their outcomes are printed, not asserted (torch's own caches get
 some of them wrong: pytorch#160472, #187319, #144344).
+
+A C++ library (tests/cpp_ext/compile_cache) is built three times from one
+source: definition 1, definition 2 (an Enum member put in front, a struct
+field's and a parameter's default changed), and definition 2 with only its
+kernels changed. Processes that load one build each share another cache:
+the second must miss and compute what eager does, the third must hit.
 """
 
 import json
@@ -23,6 +29,8 @@ import sys
 import textwrap
 
 import pytest
+
+from cpp_ext import build
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -236,7 +244,7 @@ import torch
 from torch._dynamo.utils import counters
 if sys.argv[1] == "controls":
     import cc_control as cc_model
-else:
+elif sys.argv[1] != "cpp":
     import cc_model
     import opforge
 
@@ -272,7 +280,26 @@ def outcome(fn, inputs):
 
 
 result = {}
-if sys.argv[1] == "controls":
+if sys.argv[1] == "cpp":
+    import opforge
+    opforge.load_library(sys.argv[2])
+    ops, S = opforge.ops.cc_cpp, opforge.structs.cc_cpp
+    x4 = lambda: [torch.arange(4.0)]
+    table = {
+        # Act.kGelu passed: its flat value (1, then 2) is a constant of the graph, so the graphs differ anyway.
+        "int Enum values, parameter": (lambda x: ops.act_param(x, S.Act.kGelu), x4),
+        # The field's default, Act.kSilu: its flat value (0, then 1) is the schema's default, which a
+        # traced graph leaves out, so only the key can tell the two builds' graphs apart.
+        "int Enum values, struct field": (lambda x: ops.act_field(x, S.ActCfg()), x4),
+        "struct field default": (lambda x: ops.field_default(x, S.ScaleCfg()), x4),
+        "parameter default": (lambda x: ops.param_default(x), x4),
+        "the body alone": (lambda x: ops.body(x), x4),
+    }
+    for case, (fn, inputs) in table.items():
+        result[f"cpp: {case}"] = outcome(fn, inputs)
+    result["digests"] = {name: opforge._cache_key.digest(getattr(ops, name)) for name in
+                         ("act_param", "act_field", "field_default", "param_default", "body")}
+elif sys.argv[1] == "controls":
     for case, (fn, inputs) in cc_model.CONTROL_MODELS.items():
         result[f"custom_op control: {case}"] = outcome(fn, inputs)
 else:
@@ -295,11 +322,12 @@ def write_modules(directory, version: int, body: float) -> None:
                                       read_then_mutate=READ_THEN_MUTATE))
 
 
-def run_process(directory, cache, version: int, body: float, what: str = "opforge") -> dict:
-    write_modules(directory, version, body)
+def run_process(directory, cache, version: int, body: float, what: str = "opforge", *argv: str) -> dict:
+    if what != "cpp":
+        write_modules(directory, version, body)
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
            "TORCHINDUCTOR_AUTOGRAD_CACHE": "1", "PYTHONPATH": str(directory), "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD, what], capture_output=True, text=True, timeout=600, env=env,
+    done = subprocess.run([sys.executable, "-c", CHILD, what, *argv], capture_output=True, text=True, timeout=600, env=env,
                           cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
@@ -364,3 +392,40 @@ def test_the_custom_op_controls_are_printed(runs, capsys):
             print(f"  torch.library.custom_op, {case}: second process "
                   f"{'right' if same else 'WRONG'} ({got['hits']} cache hits)")
     assert all(f"custom_op control: {c}" in runs[4] for c in ("fake dtype", "backward"))
+
+
+# The C++ library's builds: (CC_VERSION, CC_BODY) -> the .so, built once per torch release.
+CPP_BUILDS = ((1, 1), (2, 1), (2, 5))
+CPP_CASES = ["int Enum values, parameter", "int Enum values, struct field", "struct field default",
+             "parameter default", "the body alone"]
+
+
+@pytest.fixture(scope="module")
+def cpp_runs(tmp_path_factory):
+    libs = [os.path.join(build("tests/cpp_ext/compile_cache", f"compile_cache_v{v}_body{b}", f"CC_VERSION={v}",
+                               f"CC_BODY={b}"), "libopforge_test_compile_cache.so") for v, b in CPP_BUILDS]
+    directory, cache = tmp_path_factory.mktemp("cpp_model"), tmp_path_factory.mktemp("cpp_cache")
+    return [run_process(directory, cache, 0, 0.0, "cpp", lib) for lib in libs]
+
+
+@pytest.mark.parametrize("case", CPP_CASES)
+def test_a_cpp_op_changed_between_two_builds_compiles_what_eager_computes(cpp_runs, case):
+    first, changed, body = (run[f"cpp: {case}"] for run in cpp_runs)
+    for number, got in enumerate((first, changed, body), 1):
+        assert "error" not in got["eager"], got["eager"]
+        assert got["compiled"] == got["eager"], f"build {number}: {got}"
+    assert first["misses"] > 0 and changed["misses"] > 0, (first, changed)
+    # Only the kernels changed (every value times 5): every graph hits, and the new kernel runs.
+    assert body["misses"] == 0 and body["hits"] > 0, body
+    assert body["compiled"]["out"] == [5 * v for v in changed["compiled"]["out"]]
+
+
+def test_each_cpp_ops_digest_follows_its_definition_not_its_kernel(cpp_runs):
+    # Each changed op's own digest moves (the key does not only move because another op changed).
+    v1, v2, body = (run["digests"] for run in cpp_runs)
+    assert {name for name in v1 if v1[name] != v2[name]} == {"act_param", "act_field", "field_default",
+                                                             "param_default"}
+    assert body == v2
+    # The Enum's new member is what moved the Enum cases: Act.kGelu is 1 in build 1, 2 in build 2.
+    assert cpp_runs[0]["cpp: int Enum values, parameter"]["eager"]["out"] == [0.0, 20.0, 40.0, 60.0]
+    assert cpp_runs[1]["cpp: parameter default"]["eager"]["out"] == [0.0, 3.0, 6.0, 9.0]
