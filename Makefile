@@ -12,9 +12,13 @@ TRITON_SPEC ?= triton==3.6.0
 # Set by the per-version targets: the venv's torch must be exactly this
 # release (a CUDA or CPU build of it), otherwise TORCH_SPEC is installed.
 TORCH_VERSION ?=
-CPP_BUILD ?= build/cpp
-# scikit-build-core's build directory for the opforge._C extension.
-PY_BUILD ?= build/{wheel_tag}
+# scikit-build-core's build directory for the opforge._C extension. It is
+# also the build ctest runs (the unit tests are built into it when
+# BUILD_TESTS is ON, as `make test` sets it): the core and the torch layer
+# compile once for both.
+PY_BUILD ?= build/py
+CPP_BUILD = $(PY_BUILD)
+BUILD_TESTS ?= OFF
 # The newest torch release and the one before it; `make test-torch-latest`
 # and `make test-torch-previous` test against them (docs/versions.md).
 TORCH_LATEST ?= 2.15.0
@@ -50,12 +54,12 @@ gtest:
 	fi
 
 build: setup
-	$(PIP) install -q --no-build-isolation --no-deps --config-settings=build-dir="$(PY_BUILD)" -e .
+	$(PIP) install -q --no-build-isolation --no-deps --config-settings=build-dir="$(PY_BUILD)" \
+	  --config-settings=cmake.define.OPFORGE_BUILD_TESTS=$(BUILD_TESTS) -e .
 
-cpp-test: setup
-	cmake -S . -B $(CPP_BUILD) -G Ninja -DOPFORGE_BUILD_TESTS=ON -DOPFORGE_BUILD_PYTHON=OFF -DOPFORGE_BUILD_TORCH=ON \
-	  -DPython_EXECUTABLE=$(abspath $(PY)) -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
-	cmake --build $(CPP_BUILD)
+# The test targets build the unit tests too (a target's variable reaches its prerequisites).
+test cpp-test py-test: BUILD_TESTS = ON
+cpp-test: build
 	ctest --test-dir $(CPP_BUILD) --output-on-failure
 
 # pytest runs on PYTEST_JOBS workers (pytest-xdist), a test file on one
@@ -121,7 +125,7 @@ test-torch-all: $(addprefix test-torch-,$(TORCH_RELEASES))
 $(foreach release,$(TORCH_RELEASES),$(eval test-torch-$(basename $(release)): test-torch-$(release)))
 test-torch-%:
 	$(MAKE) test VENV=.venv-torch-$* TORCH_VERSION=$* TORCH_SPEC="torch==$*" TRITON_SPEC= \
-	  CPP_BUILD=build/torch-$*/cpp PY_BUILD="build/torch-$*/{wheel_tag}"
+	  PY_BUILD=build/torch-$*/py
 
 # One stable-ABI build of the example kernel library, made here with this
 # torch (targeting 2.10), and the very same file tested under each torch of
@@ -137,7 +141,7 @@ test-stable-abi: build
 	sha256sum $(STABLE_ABI_DIR)/libopforge_kernels.so
 	set -e; for v in $(STABLE_ABI_TORCH); do \
 	  $(MAKE) build VENV=.venv-torch-$$v TORCH_VERSION=$$v TORCH_SPEC="torch==$$v" TRITON_SPEC= \
-	    PY_BUILD="build/torch-$$v/{wheel_tag}"; \
+	    PY_BUILD=build/torch-$$v/py; \
 	  echo "== the same stable build under torch $$v"; \
 	  OPFORGE_KERNELS=$(abspath $(STABLE_ABI_DIR))/libopforge_kernels.so \
 	    .venv-torch-$$v/bin/python -m pytest tests/python/test_kernel_library.py -q -s; \
