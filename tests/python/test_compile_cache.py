@@ -322,12 +322,16 @@ def write_modules(directory, version: int, body: float) -> None:
                                       read_then_mutate=READ_THEN_MUTATE))
 
 
-def run_process(directory, cache, version: int, body: float, what: str = "opforge", *argv: str) -> dict:
-    if what != "cpp":
-        write_modules(directory, version, body)
+def run_process(directory, cache, version: int, body: float, what: str = "opforge") -> dict:
+    write_modules(directory, version, body)
+    return run_child(directory, cache, what)
+
+
+def run_child(directory, cache, *argv: str) -> dict:
+    """The CHILD script with `argv`, on the compile cache `cache`, importing from `directory`."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
            "TORCHINDUCTOR_AUTOGRAD_CACHE": "1", "PYTHONPATH": str(directory), "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD, what, *argv], capture_output=True, text=True, timeout=600, env=env,
+    done = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, timeout=600, env=env,
                           cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
@@ -405,7 +409,7 @@ def cpp_runs(tmp_path_factory):
     libs = [os.path.join(build("tests/cpp_ext/compile_cache", f"compile_cache_v{v}_body{b}", f"CC_VERSION={v}",
                                f"CC_BODY={b}"), "libopforge_test_compile_cache.so") for v, b in CPP_BUILDS]
     directory, cache = tmp_path_factory.mktemp("cpp_model"), tmp_path_factory.mktemp("cpp_cache")
-    return [run_process(directory, cache, 0, 0.0, "cpp", lib) for lib in libs]
+    return [run_child(directory, cache, "cpp", lib) for lib in libs]
 
 
 @pytest.mark.parametrize("case", CPP_CASES)
