@@ -24,8 +24,6 @@ as it is defined.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import logging
 import sys
 import threading
@@ -34,6 +32,7 @@ from collections.abc import Callable
 import torch
 
 from . import _C, _registry
+from ._after_import import after_import
 
 __all__ = ["added", "added_again", "call_from_c", "flat_call_name", "loaded", "on_load", "register_flat_call",
            "remove", "sync"]
@@ -254,51 +253,18 @@ def _run_callbacks() -> None:
             log.exception("opforge: %s failed after Inductor's import", getattr(callback, "__qualname__", callback))
 
 
-class _AfterImport:
-    """Runs the `on_load` callbacks once Inductor's lowering module has run,
-    so defining an op does not import Inductor (seconds) in programs that
-    never compile, and ops defined before are seen before the first lowering."""
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        global _ready
-        self._loader.exec_module(module)
-        _ready = True
-        _run_callbacks()
-
-
-class _ImportHook(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        if fullname != LOWERING_MODULE:
-            return None
-        _disarm_import_hook()
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _AfterImport(spec.loader)
-        return spec
-
-
-_hook = _ImportHook()
+def _lowering_ran(_module) -> None:
+    global _ready
+    _ready = True  # the module still reads as initializing while its import returns
+    _run_callbacks()
 
 
 def arm() -> None:
-    """Arms the import hook (again) where Inductor is not loaded yet."""
-    if not loaded() and _hook not in sys.meta_path:
-        sys.meta_path.insert(0, _hook)
-
-
-def _disarm_import_hook() -> None:
-    while _hook in sys.meta_path:
-        sys.meta_path.remove(_hook)
+    """Watches (again) for Inductor's import where it is not loaded yet, so
+    defining an op does not import Inductor (seconds) in programs that never
+    compile, and ops defined before are seen before the first lowering."""
+    if not loaded():
+        after_import(LOWERING_MODULE, _lowering_ran)
 
 
 on_load(sync)

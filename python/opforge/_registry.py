@@ -1,6 +1,6 @@
 """The one table of opforge's ops and the process hooks the package shares
-(docs/architecture.md#the-registry). Ground floor: it imports nothing of
-opforge.
+(docs/architecture.md#the-registry). Ground floor: of opforge it imports
+only `_after_import`, which imports nothing of it.
 
 Front ends write it, each once an op's every registration has succeeded:
 `_op.define` (an @opforge.op, and through it the compat front ends) and
@@ -18,15 +18,19 @@ lowerings), `_in_graph` (the one-node route), `deploy`, `_inspect`,
 Process state, and what guards it:
 - `_ops`, `_listeners`, `_refreshers`, `_starters`: `_lock`. Callbacks run
   outside it (a listener takes its own module's lock, and may read the table).
-- The Dynamo start callback is installed once, at import, and survives
-  `torch._dynamo.reset()` (which clears every start callback), see
-  `_install_compile_hook`.
+- The Dynamo start callback is installed once, when Dynamo is imported
+  (`import opforge` does not import it: seconds in a program that never
+  compiles), and survives `torch._dynamo.reset()` (which clears every start
+  callback), see `_install_compile_hook`.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
+
+from ._after_import import after_import
 
 _lock = threading.RLock()
 _ops: dict[str, object] = {}  # "ns::op" -> OpDef
@@ -111,15 +115,17 @@ def compile_start(*_args) -> None:
         starter()
 
 
-def _install_compile_hook() -> None:
+def _install_compile_hook(module=None) -> None:
     """`compile_start` as a Dynamo compile-start callback, kept through
     `torch._dynamo.reset()`: reset clears every start callback, and a C++
     op loaded after it with a plain `torch.ops.load_library` would then meet
     its first compiled call with no OpDef (the miss path, which Dynamo cannot
-    trace) and no symm_mem lowering."""
-    try:
-        from torch._dynamo.callback import callback_handler
-    except ImportError:  # pragma: no cover - every supported torch has it
+    trace) and no symm_mem lowering. `module` is torch._dynamo.callback (by
+    default the one imported)."""
+    if module is None:
+        module = sys.modules.get(_CALLBACK_MODULE)
+    callback_handler = getattr(module, "callback_handler", None)
+    if callback_handler is None:  # pragma: no cover - every supported torch has it
         return
     if compile_start not in callback_handler.start_callbacks:
         callback_handler.register_start_callback(compile_start)
@@ -141,4 +147,16 @@ def _install_compile_hook() -> None:
         pass
 
 
-_install_compile_hook()
+_CALLBACK_MODULE = "torch._dynamo.callback"  # imported by torch._dynamo's own __init__
+
+
+def _watch_dynamo() -> None:
+    """The compile hook now where Dynamo is imported, else right after its
+    import (every trace imports it first)."""
+    if _CALLBACK_MODULE in sys.modules:
+        _install_compile_hook()
+    else:
+        after_import(_CALLBACK_MODULE, _install_compile_hook)
+
+
+_watch_dynamo()

@@ -105,3 +105,62 @@ def test_a_dynamo_reset_clears_other_start_callbacks_but_keeps_opforges():
     assert callback_handler.start_callbacks.count(_registry.compile_start) == 1
     torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
     assert seen == []
+
+
+def test_import_opforge_leaves_dynamo_unimported_and_hooks_the_compile_start_when_it_is_imported():
+    # A fresh process: Dynamo's import (seconds) waits for the first compile,
+    # and a C++ op loaded with plain torch.ops.load_library before it is
+    # still made at that compile's start, also after torch._dynamo.reset().
+    from kernel_library import run_python
+    from op_testing import load_test_extension  # noqa: F401  (builds the library this process loads)
+    from cpp_ext import EXT_BUILD
+    import os
+
+    library = os.path.join(EXT_BUILD, "libopforge_test_ext.so")
+    load_test_extension()
+    ran = run_python(f"""
+        import sys, torch, opforge
+        print("dynamo_at_import", "torch._dynamo" in sys.modules, "inductor_at_import", "torch._inductor" in sys.modules)
+        torch.ops.load_library({library!r})
+        import torch._dynamo
+        from torch._dynamo.callback import callback_handler
+        from opforge import _registry
+        print("hooked", callback_handler.start_callbacks.count(_registry.compile_start),
+              getattr(callback_handler.clear, "_opforge_keeps", False))
+        torch._dynamo.reset()
+        def f(x):
+            return torch.ops.opforge_ext.scale(x, 2.0, 1) + 1
+        out = torch.compile(f, backend="eager", fullgraph=True)(torch.ones(3))
+        print("compiled", out.tolist(), _registry.get("opforge_ext::scale") is not None)
+    """)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    lines = ran.stdout.splitlines()
+    assert "dynamo_at_import False inductor_at_import False" in lines, ran.stdout
+    assert "hooked 1 True" in lines, ran.stdout
+    assert "compiled [3.0, 3.0, 3.0] True" in lines, ran.stdout + ran.stderr
+
+
+def test_a_callback_that_raises_after_an_import_is_logged_and_the_import_succeeds(tmp_path, monkeypatch, caplog):
+    from opforge._after_import import after_import, watching
+
+    (tmp_path / "opforge_watched_mod.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+
+    def fails(module):
+        seen.append(module.VALUE)
+        raise RuntimeError("boom")
+
+    after_import("opforge_watched_mod", fails)
+    after_import("opforge_watched_mod", seen.append)
+    assert watching("opforge_watched_mod")
+    try:
+        with caplog.at_level("ERROR", logger="opforge"):
+            import opforge_watched_mod
+        assert opforge_watched_mod.VALUE == 7
+        assert seen == [7, opforge_watched_mod]  # in order, the second after the first raised
+        assert "failed after opforge_watched_mod was imported" in caplog.text and "boom" in caplog.text
+        assert not watching("opforge_watched_mod")  # once per watch
+    finally:
+        import sys
+        sys.modules.pop("opforge_watched_mod", None)
