@@ -20,6 +20,7 @@ tvm_ffi = pytest.importorskip("tvm_ffi")
 
 import opforge  # noqa: E402
 from opforge import _C  # noqa: E402
+from child_batch import printed, run_batch  # noqa: E402
 from tvm_ffi_kernels import kernels  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -488,9 +489,48 @@ def test_an_eager_call_that_needs_a_gradient_records_the_node_from_c_as_a_body_o
     assert flat_grad.tolist() == [2.0, 2.0, 2.0, 2.0]
 
 
-def run(body: str) -> str:
-    """Runs `body` in a fresh process with the test kernels built; returns
-    what it printed. The child must end normally."""
+# Bodies that each run in a fresh process with the test kernels built: one
+# that killed its process would show as a dead child. They share one child
+# while none dies (tests/python/child_batch.py).
+OWN_PROCESS = {
+    "arity": """
+        @opforge.op("arity::f", mutates_args=("out",), kernel=mod.scale_out)
+        def f(out: Tensor, x: Tensor) -> None: ...
+        print(outcome(f, torch.zeros(2), torch.ones(2)))
+        print(outcome(torch.ops.arity.f, torch.zeros(2), torch.ones(2)))
+    """,
+    "types": """
+        @opforge.op("types::f", mutates_args=("out",), kernel=mod.takes_int)
+        def f(out: Tensor, n: float) -> None: ...
+        print(outcome(f, torch.zeros(2), 1.5))
+    """,
+    "throws": """
+        @opforge.op("throws::pick", mutates_args=("out",), kernel=mod.pick)
+        def pick(out: Tensor, mode: str, k: int) -> None: ...
+        @opforge.op("throws::norm", mutates_args=("out",), kernel=mod.rms_norm)
+        def norm(out: Tensor, x: Tensor, w: Tensor, eps: float, add_one: bool) -> None: ...
+        print(outcome(pick, torch.zeros(2), "slow", 1))
+        print(outcome(torch.ops.throws.pick, torch.zeros(2), "slow", 1))
+        print(outcome(norm, torch.zeros(2), torch.zeros(2), torch.ones(2), 1e-6, False))
+    """,
+    "nofake": """
+        @opforge.op("nofake::ident", kernel=opforge.TvmFfiKernel(mod.ident, owned_tensors=True))
+        def ident(x: Tensor) -> Tensor: ...
+        f = torch.compile(lambda x: ident(x) + 1, backend="aot_eager", fullgraph=True)
+        print(outcome(f, torch.ones(2)))
+        print(ident(torch.ones(2)).tolist())
+    """,
+    "ret": """
+        @opforge.op("ret::f", kernel=mod.add_ints)
+        def f(a: int, b: int) -> Tensor: ...
+        print(outcome(f, 1, 2))
+    """,
+}
+
+
+@pytest.fixture(scope="module")
+def own_process():
+    """own_process(name): what OWN_PROCESS[name] printed."""
     prologue = """
         import dataclasses, torch, opforge
         from torch import Tensor
@@ -505,68 +545,39 @@ def run(body: str) -> str:
             return "no error"
     """
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    child = subprocess.run([sys.executable, "-c", textwrap.dedent(prologue) + textwrap.dedent(body)],
-                           capture_output=True, text=True, cwd=HERE, timeout=300, env=env)
-    assert child.returncode == 0, f"the process died ({child.returncode}):\n{child.stdout}\n{child.stderr}"
-    return child.stdout
+    results = run_batch(prologue, OWN_PROCESS, cwd=HERE, env=env, timeout=300)
+    return lambda name: printed(results[name], name)
 
 
-def test_a_function_of_another_arity_is_an_error_naming_the_op_in_its_own_process():
-    out = run("""
-        @opforge.op("arity::f", mutates_args=("out",), kernel=mod.scale_out)
-        def f(out: Tensor, x: Tensor) -> None: ...
-        print(outcome(f, torch.zeros(2), torch.ones(2)))
-        print(outcome(torch.ops.arity.f, torch.zeros(2), torch.ones(2)))
-    """)
+def test_a_function_of_another_arity_is_an_error_naming_the_op_in_its_own_process(own_process):
+    out = own_process("arity")
     lines = out.splitlines()
     assert len(lines) == 2 and lines[0] == lines[1], out
     assert lines[0].startswith("TypeError: arity::f: its TVM-FFI kernel raised TypeError:") and "3" in lines[0], out
 
 
-def test_an_argument_of_the_wrong_type_is_an_error_naming_the_op_in_its_own_process():
-    out = run("""
-        @opforge.op("types::f", mutates_args=("out",), kernel=mod.takes_int)
-        def f(out: Tensor, n: float) -> None: ...
-        print(outcome(f, torch.zeros(2), 1.5))
-    """)
+def test_an_argument_of_the_wrong_type_is_an_error_naming_the_op_in_its_own_process(own_process):
+    out = own_process("types")
     assert out.startswith("TypeError: types::f: its TVM-FFI kernel raised TypeError:"), out
 
 
-def test_a_kernel_that_throws_raises_its_error_type_naming_the_op_in_its_own_process():
-    out = run("""
-        @opforge.op("throws::pick", mutates_args=("out",), kernel=mod.pick)
-        def pick(out: Tensor, mode: str, k: int) -> None: ...
-        @opforge.op("throws::norm", mutates_args=("out",), kernel=mod.rms_norm)
-        def norm(out: Tensor, x: Tensor, w: Tensor, eps: float, add_one: bool) -> None: ...
-        print(outcome(pick, torch.zeros(2), "slow", 1))
-        print(outcome(torch.ops.throws.pick, torch.zeros(2), "slow", 1))
-        print(outcome(norm, torch.zeros(2), torch.zeros(2), torch.ones(2), 1e-6, False))
-    """)
+def test_a_kernel_that_throws_raises_its_error_type_naming_the_op_in_its_own_process(own_process):
+    out = own_process("throws")
     lines = out.splitlines()
     assert lines[0] == lines[1] == "ValueError: throws::pick: its TVM-FFI kernel raised ValueError: unknown mode slow"
     assert lines[2].startswith("RuntimeError: throws::norm: its TVM-FFI kernel raised InternalError:"), out
     assert "x must be 2-D" in lines[2]
 
 
-def test_a_missing_fake_under_compile_is_an_error_naming_the_op_in_its_own_process():
-    out = run("""
-        @opforge.op("nofake::ident", kernel=opforge.TvmFfiKernel(mod.ident, owned_tensors=True))
-        def ident(x: Tensor) -> Tensor: ...
-        f = torch.compile(lambda x: ident(x) + 1, backend="aot_eager", fullgraph=True)
-        print(outcome(f, torch.ones(2)))
-        print(ident(torch.ones(2)).tolist())
-    """)
+def test_a_missing_fake_under_compile_is_an_error_naming_the_op_in_its_own_process(own_process):
+    out = own_process("nofake")
     lines = out.splitlines()
     assert "nofake::ident: its kernel is a TVM-FFI function" in lines[0] and "register_fake" in lines[0], out
     assert lines[1] == "[1.0, 1.0]"
 
 
-def test_a_returned_value_that_the_schema_does_not_return_is_an_error_in_its_own_process():
-    out = run("""
-        @opforge.op("ret::f", kernel=mod.add_ints)
-        def f(a: int, b: int) -> Tensor: ...
-        print(outcome(f, 1, 2))
-    """)
+def test_a_returned_value_that_the_schema_does_not_return_is_an_error_in_its_own_process(own_process):
+    out = own_process("ret")
     assert out.startswith("RuntimeError: ret::f: its TVM-FFI kernel returned an int where the schema returns Tensor")
 
 
