@@ -493,6 +493,27 @@ def test_an_eager_call_that_needs_a_gradient_records_the_node_from_c_as_a_body_o
 # that killed its process would show as a dead child. They share one child
 # while none dies (tests/python/child_batch.py).
 OWN_PROCESS = {
+    # First: the process's first call of a TVM-FFI kernel, which makes the
+    # adapter's dtype table, prints nothing (torch warns when a ComplexHalf
+    # or quantized tensor is made).
+    "quiet": """
+        import os, tempfile
+        @opforge.op("quiet::f", mutates_args=("out",), kernel=mod.scale_out)
+        def f(out: Tensor, x: Tensor, factor: float) -> None: ...
+        out = torch.zeros(2)
+        with tempfile.TemporaryFile() as err:
+            saved = os.dup(2)
+            os.dup2(err.fileno(), 2)
+            try:
+                f(out, torch.ones(2), 3.0)
+                torch.ops.quiet.f(out, torch.ones(2), 3.0)
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            err.seek(0)
+            print(repr(err.read().decode()))
+        print(out.tolist())
+    """,
     "arity": """
         @opforge.op("arity::f", mutates_args=("out",), kernel=mod.scale_out)
         def f(out: Tensor, x: Tensor) -> None: ...
@@ -547,6 +568,10 @@ def own_process():
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""))
     results = run_batch(prologue, OWN_PROCESS, cwd=HERE, env=env, timeout=300)
     return lambda name: printed(results[name], name)
+
+
+def test_the_first_call_of_a_tvm_ffi_kernel_prints_nothing(own_process):
+    assert own_process("quiet").splitlines() == ["''", "[3.0, 3.0]"]
 
 
 def test_a_function_of_another_arity_is_an_error_naming_the_op_in_its_own_process(own_process):

@@ -248,6 +248,9 @@ namespace {
 
 // DLPack's code of every torch dtype, read once from torch's own
 // conversion (at::getDLDataType): a ScalarType argument then costs a lookup.
+// Left out, and converted when met: the quantized dtypes (DLPack has no code
+// for them) and ComplexHalf, whose tensors warn that they are experimental:
+// making the table must not print torch's warnings on a program's first call.
 struct DataTypeTable {
   std::array<DLDataType, static_cast<size_t>(c10::ScalarType::NumOptions)> types{};
   std::array<bool, static_cast<size_t>(c10::ScalarType::NumOptions)> known{};
@@ -257,11 +260,12 @@ const DataTypeTable& DataTypes() {
   static const DataTypeTable table = [] {
     DataTypeTable t;
     for (size_t i = 0; i < t.types.size(); ++i) {
+      const auto type = static_cast<c10::ScalarType>(i);
+      if (c10::isQIntType(type) || type == c10::ScalarType::ComplexHalf) continue;
       try {
-        const auto options = at::TensorOptions().dtype(static_cast<c10::ScalarType>(i)).device(c10::kMeta);
-        t.types[i] = at::getDLDataType(at::empty({0}, options));
+        t.types[i] = at::getDLDataType(at::empty({0}, at::TensorOptions().dtype(type).device(c10::kMeta)));
         t.known[i] = true;
-      } catch (const std::exception&) {  // no DLPack code (a quantized dtype, ...): torch's error at the call
+      } catch (const std::exception&) {  // no DLPack code (a bit or unsigned dtype, ...): torch's error at the call
       }
     }
     return t;
@@ -269,12 +273,21 @@ const DataTypeTable& DataTypes() {
   return table;
 }
 
-DLDataType DataTypeOf(int64_t scalar_type) {
+bool InTable(int64_t scalar_type) {
   const DataTypeTable& table = DataTypes();
-  if (scalar_type >= 0 && static_cast<size_t>(scalar_type) < table.types.size() && table.known[scalar_type]) {
-    return table.types[scalar_type];
-  }
+  return scalar_type >= 0 && static_cast<size_t>(scalar_type) < table.types.size() && table.known[scalar_type];
+}
+
+// A dtype argument's code.
+DLDataType DataTypeOf(int64_t scalar_type) {
+  if (InTable(scalar_type)) return DataTypes().types[scalar_type];
   return at::getDLDataType(at::empty({0}, at::TensorOptions().dtype(static_cast<c10::ScalarType>(scalar_type))));
+}
+
+// A tensor's dtype code.
+DLDataType DataTypeOf(const at::Tensor& t) {
+  const auto type = static_cast<int64_t>(t.scalar_type());
+  return InTable(type) ? DataTypes().types[type] : at::getDLDataType(t);
 }
 
 // How one call's arguments become Anys, each as its leaf's plan says:
@@ -422,7 +435,7 @@ class ArgWriter {
     d.data = t.data_ptr();
     d.device = {static_cast<DLDeviceType>(device_type), static_cast<int32_t>(t.is_cpu() ? 0 : t.device().index())};
     d.ndim = static_cast<int32_t>(t.dim());
-    d.dtype = DataTypeOf(static_cast<int64_t>(t.scalar_type()));
+    d.dtype = DataTypeOf(t);
     d.shape = const_cast<int64_t*>(t.sizes().data());
     d.strides = const_cast<int64_t*>(t.strides().data());
     d.byte_offset = 0;
