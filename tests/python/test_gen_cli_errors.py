@@ -140,11 +140,11 @@ def test_import_of_a_module_whose_op_opforge_refuses_gives_opforges_message(tmp_
 
 
 @pytest.mark.parametrize("command", ["aten", "stubs"])
-def test_out_naming_an_existing_file(tmp_path, allowlist, command):
+def test_out_naming_an_existing_file(tmp_path, allowlist, command, gen_here):
     (tmp_path / "out").write_text("")
     args = (["--allowlist", allowlist, "--namespace", "gen_cli_errors", "--no-build", "--no-tests", "--quiet"]
             if command == "aten" else ["--namespace", "aten", "--quiet"])
-    message = error_line(gen(tmp_path, command, *args, "--out", "out"), command)
+    message = error_line(gen_here(tmp_path, command, *args, "--out", "out"), command)
     assert message == "--out out: is a file, not a directory; pass a directory (it is created if missing)."
     assert (tmp_path / "out").read_text() == ""
 
@@ -177,9 +177,9 @@ def test_a_generated_file_that_cannot_be_written(tmp_path, gen_here):
                        "directory a writable directory, or pass another one.")
 
 
-def test_allowlist_that_is_not_utf8_names_the_file_and_the_line(tmp_path):
+def test_allowlist_that_is_not_utf8_names_the_file_and_the_line(tmp_path, gen_here):
     (tmp_path / "list.txt").write_bytes(b"abs\n# \xe9l\xe9ments\nadd\n")  # Latin-1
-    message = error_line(gen(tmp_path, "aten", "--allowlist", "list.txt", "--namespace", "gen_cli_errors",
+    message = error_line(gen_here(tmp_path, "aten", "--allowlist", "list.txt", "--namespace", "gen_cli_errors",
                              "--out", "out", "--no-build", "--no-tests"), "aten")
     assert message == ("allowlist 'list.txt' is not UTF-8 text (byte 0xe9 on line 2); save it as UTF-8, one ATen "
                        "base name per line.")
