@@ -3,7 +3,8 @@ path used to disagree, or the process crashed, now behaves the same on both
 paths (and as torch's dispatcher does for the op's flat schema).
 
 Crash cases run in a subprocess so that a regression fails the test instead
-of taking pytest down with it."""
+of taking pytest down with it (those that need no fresh process of their own
+share one, tests/python/child_batch.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Optional
 
 import pytest
 import torch
+from child_batch import printed, run_batch
 from op_testing import fast_path, ns, path  # noqa: F401
 
 import opforge
@@ -47,50 +49,62 @@ def run_program(source: str) -> subprocess.CompletedProcess:
 # --- crashes ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast", "dispatcher"])
-def test_mutating_an_inference_tensor_outside_inference_mode_raises_torchs_error_instead_of_aborting(fast):
-    result = run_program(f"""
-        import torch, opforge
-        opforge.set_fast_path_enabled({fast})
+def _crash_cases() -> dict:
+    cases = {}
+    for fast, route in ((True, "fast"), (False, "dispatcher")):
+        cases[f"inference {route}"] = f"""
+            opforge.set_fast_path_enabled({fast})
 
-        @opforge.op("kv::write", mutates_args=("cache",))
-        def write(cache: torch.Tensor, x: torch.Tensor) -> None:
-            cache.copy_(x)
+            @opforge.op("kv_{route}::write", mutates_args=("cache",))
+            def write(cache: torch.Tensor, x: torch.Tensor) -> None:
+                cache.copy_(x)
 
-        with torch.inference_mode():
-            cache = torch.zeros(2)  # a KV cache allocated while serving
-        try:
-            write(cache, torch.ones(2))
-        except RuntimeError as e:
-            print("RuntimeError:", e)
-        with torch.inference_mode():
-            write(cache, torch.ones(2))
-        print("inside inference_mode:", cache.tolist())
-    """)
-    assert result.returncode == 0, result.stderr
-    assert "RuntimeError: Inplace update to inference tensor outside InferenceMode is not allowed" in result.stdout
-    assert "inside inference_mode: [1.0, 1.0]" in result.stdout
-
-
-@pytest.mark.parametrize("fast", [True, False], ids=["fast", "dispatcher"])
-def test_returning_too_many_tensors_is_an_error_naming_the_op_even_under_the_profiler(fast):
-    result = run_program(f"""
-        import torch, opforge
-        opforge.set_fast_path_enabled({fast})
-
-        @opforge.op("ret::two")
-        def two(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return x + 1, x + 2, x + 3
-
-        with torch.profiler.profile():
+            with torch.inference_mode():
+                cache = torch.zeros(2)  # a KV cache allocated while serving
             try:
-                two(torch.ones(1))
-            except TypeError as e:
-                print("TypeError:", e)
-    """)
-    assert result.returncode == 0, result.stderr
-    assert ("TypeError: ret::two: return value: expected a tuple of 2 values, got tuple of 3. "
-            "Return a tuple of 2 values.") in result.stdout
+                write(cache, torch.ones(2))
+            except RuntimeError as e:
+                print("RuntimeError:", e)
+            with torch.inference_mode():
+                write(cache, torch.ones(2))
+            print("inside inference_mode:", cache.tolist())
+        """
+        cases[f"too many {route}"] = f"""
+            opforge.set_fast_path_enabled({fast})
+
+            @opforge.op("ret_{route}::two")
+            def two(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                return x + 1, x + 2, x + 3
+
+            with torch.profiler.profile():
+                try:
+                    two(torch.ones(1))
+                except TypeError as e:
+                    print("TypeError:", e)
+        """
+    return cases
+
+
+@pytest.fixture(scope="module")
+def crash_cases():
+    """What each crash case printed, the cases sharing a child while none
+    dies (tests/python/child_batch.py)."""
+    results = run_batch("import torch, opforge", _crash_cases(), between="opforge.set_fast_path_enabled(True)")
+    return lambda case_id: printed(results[case_id], case_id)
+
+
+@pytest.mark.parametrize("route", ["fast", "dispatcher"])
+def test_mutating_an_inference_tensor_outside_inference_mode_raises_torchs_error_instead_of_aborting(crash_cases, route):
+    out = crash_cases(f"inference {route}")
+    assert "RuntimeError: Inplace update to inference tensor outside InferenceMode is not allowed" in out
+    assert "inside inference_mode: [1.0, 1.0]" in out
+
+
+@pytest.mark.parametrize("route", ["fast", "dispatcher"])
+def test_returning_too_many_tensors_is_an_error_naming_the_op_even_under_the_profiler(crash_cases, route):
+    out = crash_cases(f"too many {route}")
+    assert (f"TypeError: ret_{route}::two: return value: expected a tuple of 2 values, got tuple of 3. "
+            "Return a tuple of 2 values.") in out
 
 
 # Runners freed by the garbage collector at exit, or held by Dynamo's caches
